@@ -1,0 +1,55 @@
+"""Builds the Cython core. Without a C compiler the package installs anyway and
+runs on its pure-Python core (stepledger/_fallback.py)."""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Build the core if possible; warn and fall back to pure Python if not."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, no Cython, no headers
+            self._warn(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._warn(exc)
+
+    def _warn(self, exc):
+        if os.environ.get("STEPLEDGER_REQUIRE_CORE"):
+            raise exc
+        sys.stderr.write("warning: the stepledger core was not compiled (%s); "
+                         "the pure-Python core will be used\n" % (exc,))
+
+
+def extensions():
+    try:
+        import numpy
+        from Cython.Build import cythonize
+    except ImportError:
+        return []
+    ext = Extension(
+        "stepledger._core",
+        ["stepledger/_core.pyx"],
+        include_dirs=[numpy.get_include(), "stepledger"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=["-O3"] if sys.platform != "win32" else [],
+    )
+    try:
+        return cythonize([ext], compiler_directives={"language_level": "3"}, quiet=True)
+    except Exception as exc:  # Cython too old or broken: install the pure-Python core
+        if os.environ.get("STEPLEDGER_REQUIRE_CORE"):
+            raise
+        sys.stderr.write("warning: could not cythonize the stepledger core (%s)\n" % (exc,))
+        return []
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

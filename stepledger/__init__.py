@@ -1,0 +1,16 @@
+"""stepledger: find silent faults at the environment-trainer boundary.
+
+Keep a ledger on each side of the boundary (``LedgerEnv`` in the env's
+process, ``LedgerVectorEnv`` or ``stepledger.sb3.LedgerVecEnv`` around the
+trainer's vector env), then ``compare`` the two: it names the env, episode,
+step and field of the first difference.
+"""
+
+from .__about__ import __version__
+from .core import IMPLEMENTATION as CORE
+from .env import LedgerEnv
+from .errors import LedgerError, UnsupportedSpaceError
+from .read import read
+from .vector import LedgerVectorEnv
+
+__all__ = ["CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "UnsupportedSpaceError", "__version__", "read"]

@@ -1,0 +1,646 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled core: digests, stream buffers and recorders.
+
+Same names and results as ``_fallback.py``, which is the readable reference;
+see that module and docs/FORMAT.md for the digest's definition.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.float cimport PyFloat_AsDouble
+from cpython.long cimport PyLong_AsLongLong
+from cpython.object cimport PyObject_IsTrue
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy
+
+cimport numpy as cnp
+import numpy as np
+
+from . import _schema as S
+
+cnp.import_array()
+
+cdef extern from "_blake2b.h":
+    ctypedef struct sl_blake2b_state:
+        pass
+    void sl_blake2b_init(sl_blake2b_state *S, size_t outlen) nogil
+    void sl_blake2b_update(sl_blake2b_state *S, const void *data, size_t length) nogil
+    uint64_t sl_blake2b_final64(sl_blake2b_state *S) nogil
+
+IMPLEMENTATION = "cython"
+
+cdef Py_ssize_t _used = 0
+cdef Py_ssize_t _limit = S.DEFAULT_MEMORY_LIMIT
+cdef Py_ssize_t BYTES_PER_EVENT = S.BYTES_PER_EVENT
+cdef uint8_t KIND_RESET = S.KIND_RESET
+cdef uint8_t KIND_STEP = S.KIND_STEP
+cdef uint64_t NO_DIGEST = S.NO_DIGEST
+
+
+def set_memory_limit(nbytes):
+    """Set the bytes of event buffers this process may hold before spilling."""
+    global _limit
+    _limit = int(nbytes)
+
+
+def memory_limit():
+    return _limit
+
+
+def memory_in_use():
+    """Bytes of event data held in this process's stream buffers."""
+    return _used
+
+
+def account(nbytes):
+    """Count ``nbytes`` more (or fewer) of recorded data; True when over the limit."""
+    global _used
+    _used = max(0, _used + int(nbytes))
+    return _used > _limit
+
+
+def set_memory_in_use(nbytes):
+    """Reset the count of recorded bytes, as a forked child does."""
+    global _used
+    _used = int(nbytes)
+
+
+cdef uint64_t _hash_bytes(const uint8_t *data, size_t n) nogil:
+    cdef sl_blake2b_state st
+    sl_blake2b_init(&st, 8)
+    sl_blake2b_update(&st, data, n)
+    return sl_blake2b_final64(&st)
+
+
+def blake2b64(data):
+    """The 8-byte BLAKE2b of ``data``, as an unsigned little-endian integer."""
+    cdef const uint8_t[::1] view = memoryview(data).cast("B")
+    cdef size_t n = view.shape[0]
+    cdef uint64_t h
+    if n == 0:
+        return _hash_bytes(NULL, 0)
+    with nogil:
+        h = _hash_bytes(&view[0], n)
+    return h
+
+
+MISSING_DIGEST = blake2b64(S.MISSING_MESSAGE)
+INVALID_DIGEST = blake2b64(S.INVALID_MESSAGE)
+cdef uint64_t C_INVALID = INVALID_DIGEST
+
+
+def dtype_tag(dtype):
+    dtype = np.dtype(dtype)
+    return ("%s%d" % (dtype.kind, dtype.itemsize)).encode("ascii")
+
+
+def leaf_header(tag, shape):
+    import struct
+    return bytes((len(tag),)) + tag + bytes((len(shape),)) + struct.pack("<%dQ" % len(shape), *shape)
+
+
+cdef inline void _update_header(sl_blake2b_state *st, cnp.ndarray arr, int skip) noexcept:
+    """Feed a leaf header for ``arr``'s shape without its first ``skip`` dims."""
+    cdef uint8_t buf[4 + 1 + 8 * 64]
+    cdef cnp.dtype d = <cnp.dtype>cnp.PyArray_DESCR(arr)
+    cdef int itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
+    cdef int ndim = cnp.PyArray_NDIM(arr) - skip
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
+    cdef Py_ssize_t pos = 1
+    cdef int i, b
+    cdef uint64_t v
+    buf[pos] = <uint8_t>d.kind
+    pos += 1
+    if itemsize >= 10:
+        buf[pos] = <uint8_t>(48 + itemsize // 10)
+        pos += 1
+    buf[pos] = <uint8_t>(48 + itemsize % 10)
+    pos += 1
+    buf[0] = <uint8_t>(pos - 1)
+    buf[pos] = <uint8_t>ndim
+    pos += 1
+    for i in range(ndim):
+        v = <uint64_t>dims[i + skip]
+        for b in range(8):
+            buf[pos] = <uint8_t>(v >> (8 * b))
+            pos += 1
+    sl_blake2b_update(st, buf, pos)
+
+
+cdef inline cnp.ndarray _contiguous(object arr):
+    cdef cnp.ndarray a = <cnp.ndarray>arr
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def digest_leaves(leaves):
+    """Digest of one value given as its cast leaves (canonical, C-ordered arrays)."""
+    if leaves is None:
+        return INVALID_DIGEST
+    return _digest_leaves(leaves)
+
+
+cdef uint64_t _digest_leaves(list leaves) except? 0:
+    cdef sl_blake2b_state st
+    cdef cnp.ndarray a
+    sl_blake2b_init(&st, 8)
+    for obj in leaves:
+        a = _contiguous(obj)
+        _update_header(&st, a, 0)
+        sl_blake2b_update(&st, cnp.PyArray_DATA(a), <size_t>cnp.PyArray_NBYTES(a))
+    return sl_blake2b_final64(&st)
+
+
+def digest_rows(leaves, cnp.ndarray out):
+    """Digest each row of a batch: ``leaves`` are arrays of shape (n, ...)."""
+    _digest_rows(list(leaves), <uint64_t *>cnp.PyArray_DATA(out), cnp.PyArray_DIMS(out)[0])
+    return out
+
+
+cdef int _digest_rows(list leaves, uint64_t *out, Py_ssize_t n) except -1:
+    cdef Py_ssize_t nleaves = len(leaves)
+    cdef Py_ssize_t i, j
+    cdef sl_blake2b_state st
+    cdef cnp.ndarray a
+    cdef list arrays = []
+    cdef const uint8_t *data[64]
+    cdef size_t rowbytes[64]
+    cdef cnp.ndarray first
+    if nleaves > 64:
+        # Rare: many leaves. Digest row by row through the generic path.
+        for i in range(n):
+            out[i] = _digest_leaves([arr[i] for arr in leaves])
+        return 0
+    for j in range(nleaves):
+        a = _contiguous(leaves[j])
+        if cnp.PyArray_NDIM(a) == 0 or cnp.PyArray_DIMS(a)[0] != n:
+            raise ValueError("batch leaf has the wrong number of rows")
+        arrays.append(a)
+        data[j] = <const uint8_t *>cnp.PyArray_DATA(a)
+        rowbytes[j] = <size_t>(cnp.PyArray_NBYTES(a) // n) if n else 0
+    for i in range(n):
+        sl_blake2b_init(&st, 8)
+        for j in range(nleaves):
+            _update_header(&st, <cnp.ndarray>arrays[j], 1)
+            sl_blake2b_update(&st, data[j] + i * rowbytes[j], rowbytes[j])
+        out[i] = sl_blake2b_final64(&st)
+    return 0
+
+
+cdef inline uint64_t _bits(double value, bint is_f32) noexcept:
+    cdef float f
+    cdef uint32_t u32
+    cdef uint64_t u64
+    if is_f32:
+        f = <float>value
+        memcpy(&u32, &f, 4)
+        return u32
+    memcpy(&u64, &value, 8)
+    return u64
+
+
+def reward_bits(reward, is_f32):
+    """The raw bits of a reward cast to the reward dtype, as an unsigned integer."""
+    return _reward_bits(reward, is_f32)
+
+
+cdef uint64_t _reward_bits(object reward, bint is_f32):
+    cdef double value
+    try:
+        value = PyFloat_AsDouble(reward)
+    except (TypeError, ValueError):
+        return C_INVALID
+    return _bits(value, is_f32)
+
+
+def reward_bits_array(rewards, is_f32):
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if is_f32:
+        return rewards.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return rewards.view(np.uint64).copy()
+
+
+cdef class StreamBuffer:
+    """Growable columns for one stream of events, 27 bytes an event."""
+
+    cdef uint8_t *kind
+    cdef uint64_t *h_obs
+    cdef uint64_t *h_act
+    cdef uint64_t *h_rew
+    cdef uint8_t *term
+    cdef uint8_t *trunc
+    cdef Py_ssize_t size
+    cdef Py_ssize_t capacity
+
+    def __cinit__(self, capacity=1024):
+        self.size = 0
+        self.capacity = 0
+        self._grow(max(int(capacity), 16))
+
+    def __dealloc__(self):
+        global _used
+        _used = max(0, _used - self.size * BYTES_PER_EVENT)
+        free(self.kind)
+        free(self.h_obs)
+        free(self.h_act)
+        free(self.h_rew)
+        free(self.term)
+        free(self.trunc)
+
+    cdef int _grow(self, Py_ssize_t capacity) except -1:
+        cdef void *p
+        p = realloc(self.kind, capacity)
+        if p == NULL:
+            raise MemoryError()
+        self.kind = <uint8_t *>p
+        p = realloc(self.h_obs, capacity * 8)
+        if p == NULL:
+            raise MemoryError()
+        self.h_obs = <uint64_t *>p
+        p = realloc(self.h_act, capacity * 8)
+        if p == NULL:
+            raise MemoryError()
+        self.h_act = <uint64_t *>p
+        p = realloc(self.h_rew, capacity * 8)
+        if p == NULL:
+            raise MemoryError()
+        self.h_rew = <uint64_t *>p
+        p = realloc(self.term, capacity)
+        if p == NULL:
+            raise MemoryError()
+        self.term = <uint8_t *>p
+        p = realloc(self.trunc, capacity)
+        if p == NULL:
+            raise MemoryError()
+        self.trunc = <uint8_t *>p
+        self.capacity = capacity
+        return 0
+
+    cdef inline int push(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
+                         bint terminated, bint truncated) except -1:
+        """Append one event; returns 1 when the process is over its memory limit."""
+        global _used
+        cdef Py_ssize_t n = self.size
+        if n == self.capacity:
+            self._grow(2 * n)
+        self.kind[n] = kind
+        self.h_obs[n] = h_obs
+        self.h_act[n] = h_act
+        self.h_rew[n] = h_rew
+        self.term[n] = terminated
+        self.trunc[n] = truncated and not terminated
+        self.size = n + 1
+        _used += BYTES_PER_EVENT
+        return _used > _limit
+
+    def append(self, kind, h_obs, h_act, h_rew, terminated, truncated):
+        """Append one event. Returns True when the process is over its memory limit."""
+        return bool(self.push(kind, h_obs, h_act, h_rew, bool(terminated), bool(truncated)))
+
+    def __len__(self):
+        return self.size
+
+    @property
+    def nbytes(self):
+        return self.size * BYTES_PER_EVENT
+
+    def columns(self):
+        """Copies of the recorded columns, keyed by column name."""
+        cdef Py_ssize_t n = self.size
+        out = {}
+        for name, dt in S.EVENT_COLUMNS:
+            out[name] = np.empty(n, dtype=dt)
+        if n:
+            memcpy(cnp.PyArray_DATA(out["kind"]), self.kind, n)
+            memcpy(cnp.PyArray_DATA(out["h_obs"]), self.h_obs, n * 8)
+            memcpy(cnp.PyArray_DATA(out["h_act"]), self.h_act, n * 8)
+            memcpy(cnp.PyArray_DATA(out["h_rew"]), self.h_rew, n * 8)
+            memcpy(cnp.PyArray_DATA(out["terminated"]), self.term, n)
+            memcpy(cnp.PyArray_DATA(out["truncated"]), self.trunc, n)
+        return out
+
+    def clear(self):
+        global _used
+        _used = max(0, _used - self.size * BYTES_PER_EVENT)
+        self.size = 0
+
+    def release(self):
+        """Clear, and give the memory of a grown buffer back."""
+        self.clear()
+        if self.capacity > 1024:
+            self._grow(1024)
+
+
+cdef class _Digester:
+    """Digests single values of one LeafLayout, with a fast path for lone leaves."""
+
+    cdef object layout
+    cdef int fast_type
+    cdef int fast_ndim
+    cdef cnp.npy_intp fast_shape[32]
+    cdef bint discrete
+
+    def __init__(self, layout):
+        self.layout = layout
+        self.fast_type = -1
+        self.discrete = bool(layout.discrete)
+        if layout.fast_leaf is not None:
+            dtype, shape = layout.fast_leaf
+            if dtype.isnative and len(shape) <= 32:
+                self.fast_type = dtype.num
+                self.fast_ndim = len(shape)
+                for i, d in enumerate(shape):
+                    self.fast_shape[i] = d
+
+    cdef inline bint _fits(self, object value):
+        cdef cnp.ndarray a
+        cdef int i
+        if type(value) is not np.ndarray:
+            return False
+        a = <cnp.ndarray>value
+        if cnp.PyArray_TYPE(a) != self.fast_type or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+            return False
+        if not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_NDIM(a) != self.fast_ndim:
+            return False
+        for i in range(self.fast_ndim):
+            if cnp.PyArray_DIMS(a)[i] != self.fast_shape[i]:
+                return False
+        return True
+
+    cdef uint64_t digest(self, object value) except? 0:
+        cdef sl_blake2b_state st
+        cdef cnp.ndarray a
+        cdef int64_t iv
+        cdef uint8_t buf[13]
+        cdef int b
+        if self.fast_type >= 0 and self._fits(value):
+            a = <cnp.ndarray>value
+            sl_blake2b_init(&st, 8)
+            _update_header(&st, a, 0)
+            sl_blake2b_update(&st, cnp.PyArray_DATA(a), <size_t>cnp.PyArray_NBYTES(a))
+            return sl_blake2b_final64(&st)
+        if self.discrete and (type(value) is int or isinstance(value, np.integer)):
+            try:
+                iv = PyLong_AsLongLong(value)
+            except OverflowError:
+                return C_INVALID
+            # leaf header of an int64 scalar: tag "i8", ndim 0, then 8 data bytes
+            buf[0] = 2
+            buf[1] = 105  # 'i'
+            buf[2] = 56   # '8'
+            buf[3] = 0
+            for b in range(8):
+                buf[4 + b] = <uint8_t>((<uint64_t>iv) >> (8 * b))
+            sl_blake2b_init(&st, 8)
+            sl_blake2b_update(&st, buf, 12)
+            return sl_blake2b_final64(&st)
+        try:
+            leaves = self.layout.cast(value)
+        except Exception:
+            return C_INVALID
+        return _digest_leaves(leaves)
+
+
+cdef class EventRecorder:
+    """Records one env's events into a StreamBuffer: the env side's hot path.
+
+    ``keep`` is called with the cast leaves of each event when values are
+    kept, else it is None.
+    """
+
+    cdef public StreamBuffer buffer
+    cdef _Digester obs
+    cdef _Digester act
+    cdef bint is_f32
+    cdef public object keep
+    cdef readonly object obs_layout
+    cdef readonly object act_layout
+
+    def __init__(self, StreamBuffer buffer, obs_layout, act_layout, reward_is_f32, keep=None):
+        self.buffer = buffer
+        self.obs_layout = obs_layout
+        self.act_layout = act_layout
+        self.obs = _Digester(obs_layout)
+        self.act = _Digester(act_layout)
+        self.is_f32 = bool(reward_is_f32)
+        self.keep = keep
+
+    def reset(self, obs):
+        if self.keep is not None:
+            return self._keep_event(KIND_RESET, None, obs, 0.0, False, False)
+        return self.buffer.push(KIND_RESET, self.obs.digest(obs), NO_DIGEST,
+                                _bits(0.0, self.is_f32), False, False) == 1
+
+    def step(self, action, obs, reward, terminated, truncated):
+        if self.keep is not None:
+            return self._keep_event(KIND_STEP, action, obs, reward, terminated, truncated)
+        return self.buffer.push(KIND_STEP, self.obs.digest(obs), self.act.digest(action),
+                                _reward_bits(reward, self.is_f32),
+                                PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
+
+    def _keep_event(self, uint8_t kind, action, obs, reward, terminated, truncated):
+        obs_leaves = _cast_or_none(self.obs_layout, obs)
+        act_leaves = None if kind == KIND_RESET else _cast_or_none(self.act_layout, action)
+        h_act = NO_DIGEST if kind == KIND_RESET else digest_leaves(act_leaves)
+        over = self.keep(obs_leaves, act_leaves)
+        return (self.buffer.push(kind, digest_leaves(obs_leaves), h_act, _reward_bits(reward, self.is_f32),
+                                 bool(terminated), bool(truncated)) == 1) or bool(over)
+
+
+def _cast_or_none(layout, value):
+    try:
+        return layout.cast(value)
+    except Exception:
+        return None
+
+
+def first_difference(a, b, Py_ssize_t start=0):
+    """Index of the first event where two sets of event columns differ, or -1."""
+    cdef Py_ssize_t n = len(a["kind"])
+    cdef Py_ssize_t i
+    for name in S.EVENT_COLUMN_NAMES:
+        if len(b[name]) != n:
+            raise ValueError("columns of different length")
+    cdef const uint8_t[::1] ka = _u8(a["kind"]), kb = _u8(b["kind"])
+    cdef const uint8_t[::1] ta = _u8(a["terminated"]), tb = _u8(b["terminated"])
+    cdef const uint8_t[::1] ra = _u8(a["truncated"]), rb = _u8(b["truncated"])
+    cdef const uint64_t[::1] oa = _u64(a["h_obs"]), ob = _u64(b["h_obs"])
+    cdef const uint64_t[::1] aa = _u64(a["h_act"]), ab = _u64(b["h_act"])
+    cdef const uint64_t[::1] wa = _u64(a["h_rew"]), wb = _u64(b["h_rew"])
+    cdef Py_ssize_t found = -1
+    with nogil:
+        for i in range(start, n):
+            if (ka[i] != kb[i] or oa[i] != ob[i] or aa[i] != ab[i] or wa[i] != wb[i]
+                    or ta[i] != tb[i] or ra[i] != rb[i]):
+                found = i
+                break
+    return found
+
+
+cdef inline object _u8(object arr):
+    return np.ascontiguousarray(arr).view(np.uint8)
+
+
+cdef inline object _u64(object arr):
+    return np.ascontiguousarray(arr).view(np.uint64)
+
+
+cdef inline const uint8_t *_bool_data(object arr, list keep) except NULL:
+    cdef cnp.ndarray a
+    if type(arr) is not np.ndarray or cnp.PyArray_TYPE(<cnp.ndarray>arr) != cnp.NPY_BOOL \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>arr):
+        arr = np.ascontiguousarray(arr, dtype=np.bool_)
+    a = <cnp.ndarray>arr
+    keep.append(a)
+    return <const uint8_t *>cnp.PyArray_DATA(a)
+
+
+cdef class VectorRecorder:
+    """Records the events of a vector env's envs, one call per vector step.
+
+    ``buffers`` holds one StreamBuffer per env. Each method records the events
+    of all envs with no Python loop over them and returns True when the
+    process is over its memory limit.
+    """
+
+    cdef public list buffers
+    cdef Py_ssize_t n
+    cdef _Digester obs
+    cdef _Digester act
+    cdef readonly object obs_layout
+    cdef readonly object act_layout
+    cdef bint is_f32
+    cdef public cnp.ndarray pending
+    cdef public cnp.ndarray last_obs
+    cdef public cnp.ndarray last_act
+
+    def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32):
+        self.buffers = buffers
+        self.n = len(buffers)
+        self.obs_layout = obs_layout
+        self.act_layout = act_layout
+        self.obs = _Digester(obs_layout)
+        self.act = _Digester(act_layout)
+        self.is_f32 = bool(reward_is_f32)
+        self.pending = np.zeros(self.n, dtype=np.bool_)
+        self.last_obs = np.zeros(self.n, dtype=np.uint64)
+        self.last_act = np.zeros(self.n, dtype=np.uint64)
+
+    def digest_obs(self, value):
+        return self.obs.digest(value)
+
+    def digest_act(self, value):
+        return self.act.digest(value)
+
+    cdef int _rows(self, object layout, object batch, cnp.ndarray out) except -1:
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef Py_ssize_t i
+        try:
+            leaves = layout.cast_rows(batch, self.n)
+        except Exception:
+            for i in range(self.n):
+                o[i] = C_INVALID
+            return 0
+        _digest_rows(leaves, o, self.n)
+        return 0
+
+    cdef cnp.ndarray _rewards(self, object rewards):
+        if type(rewards) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>rewards) == cnp.NPY_DOUBLE \
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>rewards) \
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>rewards):
+            return <cnp.ndarray>rewards
+        return np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
+
+    def ended(self, a, b=None):
+        """Indices of the envs where ``a`` or ``b`` is true (b may be None)."""
+        cdef list keep = []
+        cdef const uint8_t *pa = _bool_data(a, keep)
+        cdef const uint8_t *pb = NULL
+        cdef Py_ssize_t i
+        if b is not None:
+            pb = _bool_data(b, keep)
+        out = []
+        for i in range(self.n):
+            if pa[i] or (pb != NULL and pb[i]):
+                out.append(i)
+        return out
+
+    def reset(self, obs, mask=None):
+        """Record a reset for every env, or for the envs where ``mask`` is true."""
+        cdef list keep = []
+        cdef const uint8_t *pm = NULL
+        cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint64_t zero = _bits(0.0, self.is_f32)
+        cdef Py_ssize_t i
+        cdef int over = 0
+        if mask is not None:
+            pm = _bool_data(mask, keep)
+        self._rows(self.obs_layout, obs, self.last_obs)
+        for i in range(self.n):
+            if pm == NULL or pm[i]:
+                over |= (<StreamBuffer>self.buffers[i]).push(KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
+                pend[i] = 0
+        return over == 1
+
+    def actions(self, actions):
+        """Digest the actions sent to the envs, before they are handed over."""
+        self._rows(self.act_layout, actions, self.last_act)
+
+    def step_next(self, obs, rewards, terminated, truncated):
+        """A vector step under next-step autoreset: an env whose episode ended at
+        its previous step is reset now, and its action is not recorded."""
+        cdef list keep = []
+        cdef const uint8_t *te = _bool_data(terminated, keep)
+        cdef const uint8_t *tr = _bool_data(truncated, keep)
+        cdef cnp.ndarray rew = self._rewards(rewards)
+        cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
+        cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        cdef Py_ssize_t i
+        cdef int over = 0
+        cdef StreamBuffer buf
+        if cnp.PyArray_DIMS(rew)[0] != self.n:
+            raise ValueError("expected %d rewards" % self.n)
+        self._rows(self.obs_layout, obs, self.last_obs)
+        for i in range(self.n):
+            buf = <StreamBuffer>self.buffers[i]
+            if pend[i]:
+                ha[i] = NO_DIGEST
+                over |= buf.push(KIND_RESET, ho[i], NO_DIGEST, _bits(pr[i], self.is_f32), te[i], tr[i])
+                pend[i] = 0
+            else:
+                over |= buf.push(KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), te[i], tr[i])
+                pend[i] = te[i] or tr[i]
+        return over == 1
+
+    def step_same(self, obs, rewards, dict finals):
+        """A vector step under same-step autoreset (Gymnasium SAME_STEP, SB3).
+
+        ``finals`` maps each env whose episode ended to (final obs digest,
+        terminated, truncated); those envs record the step with the final obs,
+        then a reset with the returned obs. The others record a step with
+        both flags false.
+        """
+        cdef cnp.ndarray rew = self._rewards(rewards)
+        cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        cdef uint64_t zero = _bits(0.0, self.is_f32)
+        cdef Py_ssize_t i
+        cdef int over = 0
+        cdef StreamBuffer buf
+        if cnp.PyArray_DIMS(rew)[0] != self.n:
+            raise ValueError("expected %d rewards" % self.n)
+        self._rows(self.obs_layout, obs, self.last_obs)
+        for i in range(self.n):
+            buf = <StreamBuffer>self.buffers[i]
+            if finals and i in finals:
+                h_final, te, tr = finals[i]
+                over |= buf.push(KIND_STEP, h_final, ha[i], _bits(pr[i], self.is_f32), te, tr)
+                over |= buf.push(KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
+            else:
+                over |= buf.push(KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), False, False)
+        return over == 1

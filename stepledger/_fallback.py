@@ -1,0 +1,331 @@
+"""The pure-Python core: the readable reference for the compiled one.
+
+``_core.pyx`` implements the same names with the same results, bit for bit;
+``tests/test_core_parity.py`` holds the two to that. Set
+``STEPLEDGER_PUREPYTHON=1`` to use this module even where the compiled core is
+built.
+
+Digest of a value (see docs/FORMAT.md): BLAKE2b with ``digest_size=8`` over the
+concatenated encodings of the value's leaves, each encoded as
+``[len(tag)] tag [ndim] dims... data`` where ``tag`` is the dtype's kind and
+item size in ASCII (``f4``, ``u1``, ``b1``, ``i8``), ``ndim`` one byte, each dim
+an unsigned 64-bit little-endian integer, and ``data`` the leaf's bytes in C
+order, little-endian.
+"""
+
+import hashlib
+import struct
+
+import numpy as np
+
+from . import _schema as S
+
+IMPLEMENTATION = "python"
+
+_BUDGET = {"limit": S.DEFAULT_MEMORY_LIMIT, "used": 0}
+
+
+def set_memory_limit(nbytes):
+    """Set the bytes of event buffers this process may hold before spilling."""
+    _BUDGET["limit"] = int(nbytes)
+
+
+def memory_limit():
+    return _BUDGET["limit"]
+
+
+def memory_in_use():
+    """Bytes of event data held in this process's stream buffers."""
+    return _BUDGET["used"]
+
+
+def account(nbytes):
+    """Count ``nbytes`` more (or fewer) of recorded data; True when over the limit."""
+    _BUDGET["used"] = max(0, _BUDGET["used"] + int(nbytes))
+    return _BUDGET["used"] > _BUDGET["limit"]
+
+
+def set_memory_in_use(nbytes):
+    """Reset the count of recorded bytes, as a forked child does."""
+    _BUDGET["used"] = int(nbytes)
+
+
+def blake2b64(data):
+    """The 8-byte BLAKE2b of ``data``, as an unsigned little-endian integer."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=S.DIGEST_SIZE).digest(), "little")
+
+
+MISSING_DIGEST = blake2b64(S.MISSING_MESSAGE)
+INVALID_DIGEST = blake2b64(S.INVALID_MESSAGE)
+
+
+def dtype_tag(dtype):
+    """The ASCII tag of a dtype in a leaf header: kind letter and item size."""
+    dtype = np.dtype(dtype)
+    return ("%s%d" % (dtype.kind, dtype.itemsize)).encode("ascii")
+
+
+def leaf_header(tag, shape):
+    """The header of one leaf: tag length, tag, ndim, dims as <u8."""
+    return bytes((len(tag),)) + tag + bytes((len(shape),)) + struct.pack("<%dQ" % len(shape), *shape)
+
+
+def _update(h, arr, row_shape, data):
+    h.update(leaf_header(dtype_tag(arr.dtype), row_shape))
+    h.update(data)
+
+
+def digest_leaves(leaves):
+    """Digest of one value given as its cast leaves (canonical, C-ordered arrays)."""
+    if leaves is None:
+        return INVALID_DIGEST
+    h = hashlib.blake2b(digest_size=S.DIGEST_SIZE)
+    for arr in leaves:
+        arr = np.ascontiguousarray(arr)
+        _update(h, arr, arr.shape, arr.tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+def digest_rows(leaves, out):
+    """Digest each row of a batch: ``leaves`` are arrays of shape (n, ...).
+
+    Row ``i`` digests like ``digest_leaves([leaf[i] for leaf in leaves])``.
+    """
+    leaves = [np.ascontiguousarray(a) for a in leaves]
+    n = out.shape[0]
+    for i in range(n):
+        h = hashlib.blake2b(digest_size=S.DIGEST_SIZE)
+        for arr in leaves:
+            _update(h, arr, arr.shape[1:], arr[i].tobytes())
+        out[i] = int.from_bytes(h.digest(), "little")
+    return out
+
+
+def reward_bits(reward, is_f32):
+    """The raw bits of a reward cast to the reward dtype, as an unsigned integer.
+
+    Goes through a C double the way the compiled core does, so that a
+    float64 or Python float rounds once, to nearest even.
+    """
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        return INVALID_DIGEST
+    if is_f32:
+        return int(np.array(value, dtype=np.float64).astype(np.float32).view(np.uint32))
+    return int(np.array(value, dtype=np.float64).view(np.uint64))
+
+
+def reward_bits_array(rewards, is_f32):
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if is_f32:
+        return rewards.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return rewards.view(np.uint64).copy()
+
+
+class StreamBuffer:
+    """Growable columns for one stream of events (the reference implementation)."""
+
+    def __init__(self, capacity=1024):
+        self._cols = {name: np.empty(max(int(capacity), 16), dtype=dt) for name, dt in S.EVENT_COLUMNS}
+        self._size = 0
+
+    def __len__(self):
+        return self._size
+
+    @property
+    def nbytes(self):
+        return self._size * S.BYTES_PER_EVENT
+
+    def append(self, kind, h_obs, h_act, h_rew, terminated, truncated):
+        """Append one event. Returns True when the process is over its memory limit."""
+        n = self._size
+        if n == self._cols["kind"].shape[0]:
+            for name in self._cols:
+                old = self._cols[name]
+                new = np.empty(2 * n, dtype=old.dtype)
+                new[:n] = old
+                self._cols[name] = new
+        c = self._cols
+        c["kind"][n] = kind
+        c["h_obs"][n] = h_obs
+        c["h_act"][n] = h_act
+        c["h_rew"][n] = h_rew
+        c["terminated"][n] = bool(terminated)
+        c["truncated"][n] = bool(truncated) and not bool(terminated)
+        self._size = n + 1
+        _BUDGET["used"] += S.BYTES_PER_EVENT
+        return _BUDGET["used"] > _BUDGET["limit"]
+
+    def columns(self):
+        """Copies of the recorded columns, keyed by column name."""
+        return {name: arr[: self._size].copy() for name, arr in self._cols.items()}
+
+    def clear(self):
+        _BUDGET["used"] = max(0, _BUDGET["used"] - self._size * S.BYTES_PER_EVENT)
+        self._size = 0
+
+    def release(self):
+        """Clear and give back this buffer's share of the process budget."""
+        self.clear()
+
+
+def _digest_value(layout, value):
+    try:
+        leaves = layout.cast(value)
+    except Exception:
+        return INVALID_DIGEST
+    return digest_leaves(leaves)
+
+
+class EventRecorder:
+    """Records one env's events into a StreamBuffer: the env side's hot path.
+
+    ``obs_layout`` and ``act_layout`` are ``spaces.LeafLayout`` objects; a
+    recorder digests values cast to them. ``keep`` is called with the cast
+    leaves of each event when values are kept, else it is None.
+    """
+
+    def __init__(self, buffer, obs_layout, act_layout, reward_is_f32, keep=None):
+        self.buffer = buffer
+        self.obs_layout = obs_layout
+        self.act_layout = act_layout
+        self.reward_is_f32 = bool(reward_is_f32)
+        self.keep = keep
+
+    def reset(self, obs):
+        if self.keep is not None:
+            return self._keep_event(S.KIND_RESET, None, obs, 0.0, False, False)
+        return self.buffer.append(S.KIND_RESET, _digest_value(self.obs_layout, obs), S.NO_DIGEST,
+                                  reward_bits(0.0, self.reward_is_f32), False, False)
+
+    def step(self, action, obs, reward, terminated, truncated):
+        if self.keep is not None:
+            return self._keep_event(S.KIND_STEP, action, obs, reward, terminated, truncated)
+        return self.buffer.append(S.KIND_STEP, _digest_value(self.obs_layout, obs),
+                                  _digest_value(self.act_layout, action),
+                                  reward_bits(reward, self.reward_is_f32), terminated, truncated)
+
+    def _keep_event(self, kind, action, obs, reward, terminated, truncated):
+        obs_leaves = _cast_or_none(self.obs_layout, obs)
+        act_leaves = None if kind == S.KIND_RESET else _cast_or_none(self.act_layout, action)
+        h_act = S.NO_DIGEST if kind == S.KIND_RESET else digest_leaves(act_leaves)
+        over = self.keep(obs_leaves, act_leaves)
+        return self.buffer.append(kind, digest_leaves(obs_leaves), h_act,
+                                  reward_bits(reward, self.reward_is_f32), terminated, truncated) or bool(over)
+
+
+def _cast_or_none(layout, value):
+    try:
+        return layout.cast(value)
+    except Exception:
+        return None
+
+
+def first_difference(a, b, start=0):
+    """Index of the first event where two sets of event columns differ, or -1.
+
+    ``a`` and ``b`` are dicts of equal-length arrays keyed by event column
+    name; the search starts at ``start``.
+    """
+    n = len(a["kind"])
+    for name in S.EVENT_COLUMN_NAMES:
+        if len(b[name]) != n:
+            raise ValueError("columns of different length")
+    best = -1
+    for name in S.EVENT_COLUMN_NAMES:
+        stop = n if best < 0 else best
+        if stop <= start:
+            continue
+        diff = np.flatnonzero(a[name][start:stop] != b[name][start:stop])
+        if diff.size:
+            best = start + int(diff[0])
+    return best
+
+
+class VectorRecorder:
+    """Records the events of a vector env's envs, one call per vector step.
+
+    The reference for the compiled VectorRecorder: same methods, same events.
+    """
+
+    def __init__(self, buffers, obs_layout, act_layout, reward_is_f32):
+        self.buffers = list(buffers)
+        self.n = len(self.buffers)
+        self.obs_layout = obs_layout
+        self.act_layout = act_layout
+        self.is_f32 = bool(reward_is_f32)
+        self.pending = np.zeros(self.n, dtype=np.bool_)
+        self.last_obs = np.zeros(self.n, dtype=np.uint64)
+        self.last_act = np.zeros(self.n, dtype=np.uint64)
+
+    def digest_obs(self, value):
+        return _digest_value(self.obs_layout, value)
+
+    def digest_act(self, value):
+        return _digest_value(self.act_layout, value)
+
+    def _rows(self, layout, batch, out):
+        try:
+            leaves = layout.cast_rows(batch, self.n)
+        except Exception:
+            out[:] = INVALID_DIGEST
+            return
+        digest_rows(leaves, out)
+
+    def ended(self, a, b=None):
+        a = np.asarray(a, dtype=np.bool_)
+        if b is not None:
+            a = a | np.asarray(b, dtype=np.bool_)
+        return [int(i) for i in np.flatnonzero(a)]
+
+    def reset(self, obs, mask=None):
+        self._rows(self.obs_layout, obs, self.last_obs)
+        zero = reward_bits(0.0, self.is_f32)
+        over = False
+        for i in range(self.n):
+            if mask is None or mask[i]:
+                over |= self.buffers[i].append(S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
+                self.pending[i] = False
+        return over
+
+    def actions(self, actions):
+        """Digest the actions sent to the envs, before they are handed over."""
+        self._rows(self.act_layout, actions, self.last_act)
+
+    def step_next(self, obs, rewards, terminated, truncated):
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if rewards.shape[0] != self.n:
+            raise ValueError("expected %d rewards" % self.n)
+        terminated = np.asarray(terminated, dtype=np.bool_)
+        truncated = np.asarray(truncated, dtype=np.bool_)
+        self._rows(self.obs_layout, obs, self.last_obs)
+        over = False
+        for i in range(self.n):
+            bits = reward_bits(rewards[i], self.is_f32)
+            te, tr = bool(terminated[i]), bool(truncated[i])
+            if self.pending[i]:
+                self.last_act[i] = S.NO_DIGEST
+                over |= self.buffers[i].append(S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, bits, te, tr)
+                self.pending[i] = False
+            else:
+                over |= self.buffers[i].append(S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, te, tr)
+                self.pending[i] = te or tr
+        return over
+
+    def step_same(self, obs, rewards, finals):
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if rewards.shape[0] != self.n:
+            raise ValueError("expected %d rewards" % self.n)
+        self._rows(self.obs_layout, obs, self.last_obs)
+        zero = reward_bits(0.0, self.is_f32)
+        over = False
+        for i in range(self.n):
+            bits = reward_bits(rewards[i], self.is_f32)
+            if i in finals:
+                h_final, te, tr = finals[i]
+                over |= self.buffers[i].append(S.KIND_STEP, h_final, int(self.last_act[i]), bits, te, tr)
+                over |= self.buffers[i].append(S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
+            else:
+                over |= self.buffers[i].append(S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, False, False)
+        return over

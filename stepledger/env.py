@@ -1,0 +1,87 @@
+"""The env side: ``LedgerEnv``, outermost in the environment's own process."""
+
+import os
+
+import gymnasium as gym
+import numpy as np
+
+from . import core
+from .recording import Recording, check_path, check_reward_dtype, spill_everything
+from .spaces import LeafLayout
+
+
+class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Records what an environment took and gave, for comparison with the trainer's record.
+
+    Place it outermost in the env's own process: after TimeLimit, Monitor and
+    any other env-side wrapper, as the last thing before the env is handed to
+    the vector env, worker or bridge. Everything inside it counts as the
+    environment; everything outside as the boundary. ``index`` is the env's
+    position in the trainer's vector env.
+
+    It returns exactly what the inner env returned and adds nothing to info.
+    Each event is digested when it happens, so an env that reuses its arrays,
+    or a vector env that edits returned values in place, cannot change the
+    record. The ledger is written to ``directory/env-{index}.npz`` on
+    ``close()``, on ``flush()`` and at interpreter exit; past the process's
+    memory limit (64 MB by default) events spill to disk next to it.
+
+    Example::
+
+        >>> import gymnasium as gym
+        >>> from stepledger import LedgerEnv
+        >>> env = LedgerEnv(gym.make("CartPole-v1"), "ledger", index=0)
+        >>> _ = env.reset(seed=0)
+        >>> _ = env.step(env.action_space.sample())
+        >>> env.close()  # writes ledger/env-0.npz
+
+    Args:
+        env: the environment to record.
+        directory: where the ledger file is written.
+        index: the env's index in the trainer's vector env (a non-negative int).
+        reward_dtype: np.float32 (default) or np.float64; the same on both sides.
+        keep_values: also keep the cast observations and actions, so that a
+            report can print both sides' values; the same on both sides.
+    """
+
+    def __init__(self, env, directory, index, reward_dtype=np.float32, keep_values=False):
+        gym.utils.RecordConstructorArgs.__init__(self, directory=directory, index=index,
+                                                 reward_dtype=reward_dtype, keep_values=keep_values)
+        gym.Wrapper.__init__(self, env)
+        directory = check_path(directory, "LedgerEnv", "directory")
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+            raise ValueError("LedgerEnv: index must be the env's position in the vector env "
+                             "(a non-negative int), got %r" % (index,))
+        dtype = check_reward_dtype(reward_dtype, "LedgerEnv")
+        obs_layout = LeafLayout(env.observation_space, "LedgerEnv: observation_space")
+        act_layout = LeafLayout(env.action_space, "LedgerEnv: action_space")
+        self.ledger_path = os.path.join(directory, "env-%d.npz" % int(index))
+        self.index = int(index)
+        self._recording = Recording(self.ledger_path, "env", [self.index], obs_layout, act_layout,
+                                    dtype, keep_values)
+        keep = self._recording.values[0].append if keep_values else None
+        self._rec = core.EventRecorder(self._recording.buffers[0], obs_layout, act_layout,
+                                       dtype == np.float32, keep)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self._rec.reset(obs):
+            spill_everything()
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self._rec.step(action, obs, reward, terminated, truncated):
+            spill_everything()
+        return obs, reward, terminated, truncated, info
+
+    def flush(self):
+        """Write the ledger file now; recording goes on."""
+        self._recording.write()
+
+    def close(self):
+        """Write the ledger file, then close the inner env."""
+        try:
+            self._recording.close()
+        finally:
+            super().close()

@@ -1,0 +1,13 @@
+"""The exceptions stepledger raises."""
+
+
+class LedgerError(Exception):
+    """A ledger cannot be read, written or compared.
+
+    The message is one line that names the file or argument and what is wrong.
+    The command line reports it and exits with code 2.
+    """
+
+
+class UnsupportedSpaceError(LedgerError, TypeError):
+    """A space that stepledger cannot digest, raised when a wrapper is built."""

@@ -1,0 +1,353 @@
+"""The ledger file: writing it atomically and in bounded memory, and reading it.
+
+A ledger is an ``.npz`` that ``np.load(path, allow_pickle=False)`` reads (see
+docs/FORMAT.md). Recording keeps events in memory; past the process's memory
+limit they spill to segment files in ``PATH.spill/``, each itself a ledger
+with ``"segment": true`` in its meta. The final file is assembled column by
+column from the segments and the events still in memory, never holding the
+whole stream at once. Every file is written under a temporary name, synced,
+then renamed, so a process killed at any moment leaves the last complete file
+or segment intact.
+"""
+
+import io
+import json
+import os
+import zipfile
+
+import numpy as np
+
+from . import _schema as S
+from .errors import LedgerError
+
+# How each member is stored: digests of observations and actions do not
+# compress; flags, kinds and counters compress well and fast at level 1; the
+# step counter needs level 6 to find its period. float32 reward bits are
+# half zeros and compress to about 4 bytes at level 1.
+_LEVEL = {
+    "kind": 1, "h_obs": 0, "h_act": 0, "h_rew": 1, "terminated": 1, "truncated": 1,
+    "episode": 1, "step": 6, S.META_MEMBER: 6, S.STREAM_INDEX_MEMBER: 6, S.STREAM_OFFSETS_MEMBER: 6,
+}
+_VALUES_LEVEL = 1
+_FIXED_TIME = (1980, 1, 1, 0, 0, 0)
+CHUNK = 1 << 20  # events per chunk when streaming columns
+
+
+def values_member(field, leaf):
+    return S.VALUES_MEMBER.format(field=field, leaf=leaf)
+
+
+def spill_dir(path):
+    return path + ".spill"
+
+
+# ---------------------------------------------------------------- writing
+
+class _Member:
+    """One member to write: its name, dtype, full shape, chunk source and level."""
+
+    def __init__(self, name, dtype, shape, chunks, level):
+        self.name, self.dtype, self.shape = name, np.dtype(dtype), tuple(shape)
+        self.chunks, self.level = chunks, level
+
+
+def _npy_header(dtype, shape):
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def _set_level(info, level):
+    try:
+        info.compress_level = level  # Python 3.13 and later
+    except AttributeError:
+        info._compresslevel = level
+
+
+def _write_zip(path, members):
+    """Write members into ``path`` atomically: temporary file, fsync, rename."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
+                for m in members:
+                    info = zipfile.ZipInfo(m.name + ".npy", date_time=_FIXED_TIME)
+                    info.compress_type = zipfile.ZIP_DEFLATED if m.level else zipfile.ZIP_STORED
+                    _set_level(info, m.level or None)
+                    info.external_attr = 0o644 << 16
+                    expected = m.dtype.itemsize * int(np.prod(m.shape, dtype=np.int64))
+                    with zf.open(info, "w", force_zip64=True) as w:
+                        w.write(_npy_header(m.dtype, m.shape))
+                        written = 0
+                        for chunk in m.chunks():
+                            chunk = np.ascontiguousarray(chunk, dtype=m.dtype)
+                            written += chunk.nbytes
+                            w.write(memoryview(chunk).cast("B"))
+                    if written != expected:
+                        raise LedgerError("%s: member %s got %d bytes, expected %d" % (path, m.name, written, expected))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def positions(kind, carry):
+    """Episode and step columns for a chunk of one stream's kinds.
+
+    ``carry`` is (episode, step) of the event before the chunk, (-1, 0) at
+    the start of a stream; returns (episode, step, new carry). Episodes count
+    from 0 at the first reset; step 0 is the reset, step k the k-th step.
+    Events before the first reset belong to episode -1.
+    """
+    kind = np.asarray(kind)
+    n = kind.shape[0]
+    if n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64), carry
+    is_reset = kind == S.KIND_RESET
+    episode = carry[0] + np.cumsum(is_reset, dtype=np.int64)
+    idx = np.arange(n, dtype=np.int64)
+    last_reset = np.where(is_reset, idx, -1)
+    np.maximum.accumulate(last_reset, out=last_reset)
+    step = np.where(last_reset >= 0, idx - last_reset, carry[1] + 1 + idx)
+    return episode, step, (int(episode[-1]), int(step[-1]))
+
+
+class Segment:
+    """Events of some streams: ``columns[stream][column]`` and ``values[stream][member]``."""
+
+    def __init__(self, columns, values=None):
+        self.columns = columns
+        self.values = values or {}
+
+    def count(self, stream):
+        cols = self.columns.get(stream)
+        return 0 if cols is None else int(cols["kind"].shape[0])
+
+
+def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True):
+    """Write a ledger of ``stream_ids`` from ``segments``, in order.
+
+    ``value_members`` lists (member name, dtype, row shape) of kept values. A
+    final ledger is compressed member by member and carries the position
+    columns; a spill segment is stored raw, for speed and memory-mapping.
+    Returns the number of events written.
+    """
+    stream_ids = [int(s) for s in stream_ids]
+    counts = [sum(seg.count(s) for seg in segments) for s in stream_ids]
+    offsets = np.zeros(len(stream_ids) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    total = int(offsets[-1])
+    level = dict(_LEVEL)
+    if meta.get("reward_dtype") == "float64":
+        level["h_rew"] = 0
+    if not final:
+        level = dict.fromkeys(level, 0)
+
+    def column_chunks(name):
+        def gen():
+            for s in stream_ids:
+                for seg in segments:
+                    cols = seg.columns.get(s)
+                    if cols is not None:
+                        arr = cols[name]
+                        for i in range(0, arr.shape[0], CHUNK):
+                            yield arr[i:i + CHUNK]
+        return gen
+
+    def position_chunks(which):
+        def gen():
+            for s in stream_ids:
+                carry = (-1, 0)
+                for seg in segments:
+                    cols = seg.columns.get(s)
+                    if cols is not None:
+                        kind = cols["kind"]
+                        for i in range(0, kind.shape[0], CHUNK):
+                            episode, step, carry = positions(kind[i:i + CHUNK], carry)
+                            yield episode if which == "episode" else step
+        return gen
+
+    def value_chunks(member):
+        def gen():
+            for s in stream_ids:
+                for seg in segments:
+                    vals = seg.values.get(s)
+                    if vals is not None:
+                        yield vals[member]
+        return gen
+
+    meta_arr = np.array(json.dumps(meta, sort_keys=True))
+    ids = np.asarray(stream_ids, dtype=np.int64)
+    members = [
+        _Member(S.META_MEMBER, meta_arr.dtype, (), lambda: [meta_arr.reshape(1)], level[S.META_MEMBER]),
+        _Member(S.STREAM_INDEX_MEMBER, np.int64, ids.shape, lambda: [ids], level[S.STREAM_INDEX_MEMBER]),
+        _Member(S.STREAM_OFFSETS_MEMBER, np.int64, offsets.shape, lambda: [offsets], level[S.STREAM_OFFSETS_MEMBER]),
+    ]
+    for name, dt in S.EVENT_COLUMNS:
+        members.append(_Member(name, dt, (total,), column_chunks(name), level[name]))
+    if final:
+        for name, dt in S.POSITION_COLUMNS:
+            members.append(_Member(name, dt, (total,), position_chunks(name), level[name]))
+    for member, dt, row_shape in value_members:
+        members.append(_Member(member, dt, (total,) + tuple(row_shape), value_chunks(member),
+                               _VALUES_LEVEL if final else 0))
+    _write_zip(path, members)
+    return total
+
+
+# ---------------------------------------------------------------- reading
+
+class _ColumnSource:
+    """One member of one file: memory-mapped if stored, streamed if compressed."""
+
+    def __init__(self, path, zf, info, name):
+        self.path, self.zf, self.info, self.name = path, zf, info, name
+        try:
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError("npy version %s" % (version,))
+                self.header_len = f.tell()
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib_error()) as exc:
+            raise LedgerError("%s: member %s is not a readable array (%s)" % (path, name, _short(exc))) from None
+        if dtype.hasobject:
+            raise LedgerError("%s: member %s holds pickled objects; a ledger never does" % (path, name))
+        if fortran:
+            raise LedgerError("%s: member %s is in Fortran order; a ledger never is" % (path, name))
+        self.shape, self.dtype = tuple(shape), dtype
+        self.stored = info.compress_type == zipfile.ZIP_STORED
+        self._cursor = None
+        self._pos = 0
+
+    def _data_offset(self):
+        with open(self.path, "rb") as f:
+            f.seek(self.info.header_offset)
+            local = f.read(30)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            raise LedgerError("%s: member %s has a damaged local header" % (self.path, self.name))
+        n, e = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+        return self.info.header_offset + 30 + n + e + self.header_len
+
+    def array(self):
+        """The whole member: a read-only memory map if stored, else loaded."""
+        if self.stored:
+            count = int(np.prod(self.shape, dtype=np.int64))
+            if count == 0:
+                return np.empty(self.shape, dtype=self.dtype)
+            size = os.path.getsize(self.path)
+            off = self._data_offset()
+            if off + count * self.dtype.itemsize > size:
+                raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
+            return np.memmap(self.path, dtype=self.dtype, mode="r", offset=off, shape=self.shape)
+        return self.read(0, self.shape[0] if self.shape else 1).reshape(self.shape)
+
+    def read(self, start, stop):
+        """Rows [start, stop) of a member, read forward without loading the rest."""
+        if self.stored:
+            return self.array()[start:stop]
+        row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        try:
+            if self._cursor is None or start < self._pos:
+                if self._cursor is not None:
+                    self._cursor.close()
+                self._cursor = self.zf.open(self.info)
+                self._cursor.read(self.header_len)
+                self._pos = 0
+            if start > self._pos:
+                _skip(self._cursor, (start - self._pos) * row_bytes)
+            want = (stop - start) * row_bytes
+            data = self._cursor.read(want)
+        except (OSError, EOFError, zipfile.BadZipFile, zlib_error()) as exc:
+            raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
+        if len(data) != want:
+            raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
+        self._pos = stop
+        return np.frombuffer(data, dtype=self.dtype).reshape((stop - start,) + self.shape[1:])
+
+
+def _skip(f, nbytes):
+    while nbytes > 0:
+        got = len(f.read(min(nbytes, 1 << 24)))
+        if got == 0:
+            raise EOFError("unexpected end of member")
+        nbytes -= got
+
+
+def zlib_error():
+    import zlib
+    return zlib.error
+
+
+def _short(exc):
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+class LedgerFile:
+    """One ledger file (final or spill segment), validated on open."""
+
+    def __init__(self, path):
+        self.path = path
+        if not os.path.exists(path):
+            raise LedgerError("%s: no such file" % path)
+        if os.path.isdir(path):
+            raise LedgerError("%s: is a directory, not a ledger file" % path)
+        try:
+            self.zf = zipfile.ZipFile(path)
+            infos = {info.filename: info for info in self.zf.infolist()}
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            raise LedgerError("%s: not a ledger (not a readable .npz: %s)" % (path, _short(exc))) from None
+        self.members = {}
+        for fname, info in infos.items():
+            if fname.endswith(".npy"):
+                self.members[fname[:-4]] = info
+        for required in (S.META_MEMBER, S.STREAM_INDEX_MEMBER, S.STREAM_OFFSETS_MEMBER) + S.EVENT_COLUMN_NAMES:
+            if required not in self.members:
+                raise LedgerError("%s: not a ledger (no %r member)" % (path, required))
+        self._sources = {}
+        meta = self.source(S.META_MEMBER).array()
+        if meta.dtype.kind != "U" or meta.shape != ():
+            raise LedgerError("%s: not a ledger (meta is not a string)" % path)
+        try:
+            self.meta = json.loads(str(meta[()]))
+        except ValueError:
+            raise LedgerError("%s: not a ledger (meta is not JSON)" % path) from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != S.FORMAT_NAME:
+            raise LedgerError("%s: not a ledger (meta does not name the stepledger format)" % path)
+        version = self.meta.get("format_version")
+        if not isinstance(version, int) or version > S.FORMAT_VERSION:
+            raise LedgerError("%s: format version %s is newer than this stepledger reads (%d); upgrade stepledger"
+                              % (path, version, S.FORMAT_VERSION))
+        self.stream_ids = [int(x) for x in np.asarray(self.source(S.STREAM_INDEX_MEMBER).array())]
+        self.offsets = np.asarray(self.source(S.STREAM_OFFSETS_MEMBER).array()).astype(np.int64)
+        if self.offsets.shape != (len(self.stream_ids) + 1,) or self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0):
+            raise LedgerError("%s: stream offsets are inconsistent" % path)
+        total = int(self.offsets[-1])
+        for name, dt in S.FILE_COLUMNS:
+            if name in self.members:
+                src = self.source(name)
+                if src.shape != (total,) or src.dtype != np.dtype(dt):
+                    raise LedgerError("%s: column %s has shape %s and dtype %s, expected (%d,) %s"
+                                      % (path, name, src.shape, src.dtype, total, np.dtype(dt)))
+
+    def source(self, name):
+        src = self._sources.get(name)
+        if src is None:
+            if name not in self.members:
+                raise LedgerError("%s: no member %r" % (self.path, name))
+            src = self._sources[name] = _ColumnSource(self.path, self.zf, self.members[name], name)
+        return src
+
+    def close(self):
+        self.zf.close()

@@ -1,0 +1,203 @@
+"""Reading ledgers: ``read(path)`` for a ledger file, a spilled partial ledger or an env directory."""
+
+import glob
+import os
+import re
+
+import numpy as np
+
+from . import _schema as S
+from .errors import LedgerError
+from .ledgerfile import CHUNK, LedgerFile, Segment, positions, spill_dir
+
+_ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
+
+
+class _Piece:
+    """Rows [start, stop) of one file's columns, belonging to one stream."""
+
+    def __init__(self, lf, start, stop):
+        self.lf, self.start, self.stop = lf, start, stop
+
+
+class Stream:
+    """One env's recorded events.
+
+    ``columns`` loads every column of the stream (kind, h_obs, h_act, h_rew,
+    terminated, truncated, episode, step); ``chunks()`` streams them in
+    bounded memory.
+    """
+
+    def __init__(self, index, pieces, meta):
+        self.index = index
+        self.pieces = pieces
+        self.meta = meta
+
+    def __len__(self):
+        return sum(p.stop - p.start for p in self.pieces)
+
+    def chunks(self, names=S.EVENT_COLUMN_NAMES, size=CHUNK):
+        """Yield dicts of column arrays, ``size`` events at most each, in order."""
+        for p in self.pieces:
+            for start in range(p.start, p.stop, size):
+                stop = min(start + size, p.stop)
+                yield {name: p.lf.source(name).read(start, stop) for name in names}
+
+    @property
+    def columns(self):
+        parts = {name: [] for name in S.EVENT_COLUMN_NAMES}
+        for chunk in self.chunks():
+            for name in parts:
+                parts[name].append(np.asarray(chunk[name]))
+        out = {name: (np.concatenate(v) if v else np.empty(0, dtype=S.COLUMN_DTYPES[name]))
+               for name, v in parts.items()}
+        episode, step, _ = positions(out["kind"], (-1, 0))
+        out["episode"], out["step"] = episode, step
+        return out
+
+    @property
+    def values(self):
+        """Kept values by member name (``values_obs_0``...), if the side kept them."""
+        out = {}
+        for p in self.pieces:
+            for name in p.lf.members:
+                if name.startswith("values_"):
+                    out.setdefault(name, []).append(np.asarray(p.lf.source(name).read(p.start, p.stop)))
+        return {name: np.concatenate(v) for name, v in out.items()}
+
+    def value_rows(self, field, index):
+        """The kept leaves of ``field`` ('obs' or 'act') at event ``index``, or None."""
+        if not self.meta.get("keep_values"):
+            return None
+        for p in self.pieces:
+            n = p.stop - p.start
+            if index < n:
+                row = p.start + index
+                names = sorted((m for m in p.lf.members if m.startswith("values_%s_" % field)),
+                               key=lambda m: int(m.rsplit("_", 1)[1]))
+                return [np.asarray(p.lf.source(m).read(row, row + 1))[0] for m in names]
+            index -= n
+        return None
+
+
+class Ledger:
+    """A ledger read back: ``meta`` (dict), ``streams`` (env index -> Stream),
+    ``partial`` (True when only spilled segments were found), ``paths``."""
+
+    def __init__(self, path, meta, streams, partial, files):
+        self.path, self.meta, self.streams, self.partial = path, meta, streams, partial
+        self._files = files
+
+    @property
+    def side(self):
+        return self.meta.get("side")
+
+    def n_events(self):
+        return sum(len(s) for s in self.streams.values())
+
+    def close(self):
+        for lf in self._files:
+            lf.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<Ledger %s side=%s streams=%d events=%d%s>" % (
+            self.path, self.side, len(self.streams), self.n_events(), " partial" if self.partial else "")
+
+
+def _segments(path):
+    directory = spill_dir(path)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(glob.glob(os.path.join(directory, "seg-*.npz")))
+
+
+def segment_from_file(path):
+    """A spilled segment as a Segment of memory-mapped columns, and its open file."""
+    lf = LedgerFile(path)
+    columns, values = {}, {}
+    value_names = [m for m in lf.members if m.startswith("values_")]
+    arrays = {name: lf.source(name).array() for name in S.EVENT_COLUMN_NAMES}
+    vals = {name: lf.source(name).array() for name in value_names}
+    for k, s in enumerate(lf.stream_ids):
+        a, b = int(lf.offsets[k]), int(lf.offsets[k + 1])
+        columns[s] = {name: arr[a:b] for name, arr in arrays.items()}
+        values[s] = {name: arr[a:b] for name, arr in vals.items()}
+    return Segment(columns, values), lf
+
+
+def _read_one(path):
+    """Files of one ledger path: the final file, or its spilled segments if they hold more."""
+    seg_paths = _segments(path)
+    final = LedgerFile(path) if os.path.exists(path) else None
+    if seg_paths:
+        segs = [LedgerFile(p) for p in seg_paths]
+        seg_events = sum(int(lf.offsets[-1]) for lf in segs)
+        if final is None or seg_events > int(final.offsets[-1]):
+            if final is not None:
+                final.close()
+            return segs, True
+        for lf in segs:
+            lf.close()
+    if final is None:
+        raise LedgerError("%s: no such file" % path)
+    return [final], False
+
+
+def _meta_key(meta):
+    return {k: v for k, v in meta.items() if k not in ("segment",)}
+
+
+def read(path):
+    """Read a ledger file, or every ``env-N.npz`` of an env directory.
+
+    A ledger whose process was killed before it wrote its final file is read
+    from its spilled segments, with ``partial`` set. Raises LedgerError with a
+    one-line message on anything that is not a readable ledger.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path) and not path.endswith(".spill"):
+        names = set()
+        for entry in os.listdir(path):
+            m = _ENV_FILE.match(entry)
+            if m:
+                names.add(entry)
+            elif entry.endswith(".npz.spill") and _ENV_FILE.match(entry[:-6]):
+                names.add(entry[:-6])
+        if not names:
+            raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
+        files, streams, meta, partial = [], {}, None, False
+        for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
+            sub = _read_file(os.path.join(path, name))
+            files += sub._files
+            partial |= sub.partial
+            if meta is None:
+                meta = sub.meta
+            elif _meta_key(sub.meta) != _meta_key(meta):
+                raise LedgerError("%s: %s was recorded with other settings than the other env ledgers"
+                                  % (path, name))
+            for idx, stream in sub.streams.items():
+                if idx in streams:
+                    raise LedgerError("%s: env %d appears in more than one file" % (path, idx))
+                streams[idx] = stream
+        return Ledger(path, meta, dict(sorted(streams.items())), partial, files)
+    return _read_file(path)
+
+
+def _read_file(path):
+    files, partial = _read_one(path)
+    meta = dict(files[0].meta)
+    meta.pop("segment", None)
+    pieces = {}
+    for lf in files:
+        if _meta_key(lf.meta) != _meta_key(files[0].meta):
+            raise LedgerError("%s: its spilled segments disagree on their settings" % lf.path)
+        for k, s in enumerate(lf.stream_ids):
+            pieces.setdefault(s, []).append(_Piece(lf, int(lf.offsets[k]), int(lf.offsets[k + 1])))
+    streams = {s: Stream(s, ps, meta) for s, ps in sorted(pieces.items())}
+    return Ledger(path, meta, streams, partial, files)

@@ -1,0 +1,241 @@
+"""A ledger while it is being recorded: buffers, kept values, spills, the final file.
+
+Shared by the env side (one stream) and the trainer side (one stream per env).
+It owns what must survive the process: spill segments are written when the
+process goes over its memory limit, and the final file on ``write()``,
+``close()`` and at interpreter exit. It never writes a ledger with no events.
+"""
+
+import atexit
+import glob
+import os
+import threading
+import warnings
+
+import numpy as np
+
+from . import _schema as S
+from . import core
+from .__about__ import __version__
+from .ledgerfile import Segment, spill_dir, values_member, write_ledger
+
+_OPEN = {}  # id -> Recording, for the exit handler; strong refs so nothing is lost to GC
+_LOCK = threading.Lock()
+
+
+def _close_all_at_exit():
+    for rec in list(_OPEN.values()):
+        if rec.pid == os.getpid():
+            try:
+                rec.close()
+            except Exception as exc:  # at exit there is no caller to raise to
+                warnings.warn("stepledger could not write %s at exit: %s" % (rec.path, exc))
+
+
+def _forget_parent_recordings():
+    # A forked child inherits the parent's recordings: never write or spill
+    # them from here, and start this process's memory count afresh.
+    for key, rec in list(_OPEN.items()):
+        if rec.pid != os.getpid():
+            _OPEN.pop(key, None)
+    core.set_memory_in_use(0)
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_recordings)
+
+
+def spill_everything():
+    """Spill every recording of this process to disk: the memory limit was reached."""
+    for rec in list(_OPEN.values()):
+        if rec.pid == os.getpid():
+            rec.spill()
+    if core.memory_in_use() > core.memory_limit():
+        # Buffers not owned by any open recording (closed, or inherited): do not
+        # count them, or every later event would spill again.
+        core.set_memory_in_use(sum(rec.nbytes for rec in _OPEN.values() if rec.pid == os.getpid()))
+
+
+class ValueStore:
+    """Kept values of one stream: one growable array per space leaf."""
+
+    def __init__(self, members):
+        self.members = members  # [(name, dtype, row_shape, field, leaf index)]
+        self.arrays = {name: np.zeros((64,) + tuple(shape), dtype) for name, dtype, shape, _, _ in members}
+        self.n = 0
+        self.row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
+                             for _, dt, shape, _, _ in members)
+
+    def append(self, obs_leaves, act_leaves):
+        n = self.n
+        for name, dtype, shape, field, j in self.members:
+            arr = self.arrays[name]
+            if n == arr.shape[0]:
+                new = np.zeros((2 * n,) + arr.shape[1:], arr.dtype)
+                new[:n] = arr
+                self.arrays[name] = arr = new
+            leaves = obs_leaves if field == "obs" else act_leaves
+            if leaves is not None and j < len(leaves) and leaves[j].shape == arr.shape[1:]:
+                arr[n] = leaves[j]
+            else:
+                arr[n] = 0  # absent or of the wrong shape: the digest still tells
+        self.n = n + 1
+        return core.account(self.row_bytes)
+
+    def take(self):
+        out = {name: arr[: self.n].copy() for name, arr in self.arrays.items()}
+        core.account(-self.row_bytes * self.n)
+        self.n = 0
+        return out
+
+
+class Recording:
+    """The streams of one ledger file while they are recorded."""
+
+    def __init__(self, path, side, stream_ids, obs_layout, act_layout, reward_dtype, keep_values, extra_meta=None):
+        self.path = os.fspath(path)
+        self.side = side
+        self.stream_ids = [int(i) for i in stream_ids]
+        self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
+        self.obs_layout, self.act_layout = obs_layout, act_layout
+        self.reward_dtype = np.dtype(reward_dtype)
+        self.keep_values = bool(keep_values)
+        self.value_members = []
+        if self.keep_values:
+            for field, layout in (("obs", obs_layout), ("act", act_layout)):
+                for j, leaf in enumerate(layout.leaves):
+                    self.value_members.append((values_member(field, j), leaf.dtype, leaf.shape, field, j))
+        self.values = [ValueStore(self.value_members) for _ in self.stream_ids] if self.keep_values else None
+        self.extra_meta = dict(extra_meta or {})
+        self.segments = []  # paths of the spill segments this recording wrote, in order
+        self.pid = os.getpid()
+        self.closed = False
+        self._written_events = 0
+        self._spilled_events = 0
+        with _LOCK:
+            _OPEN[id(self)] = self
+
+    @property
+    def nbytes(self):
+        n = sum(len(b) for b in self.buffers) * S.BYTES_PER_EVENT
+        if self.values:
+            n += sum(v.n * v.row_bytes for v in self.values)
+        return n
+
+    def n_events(self):
+        return sum(len(b) for b in self.buffers) + self._spilled_events
+
+    def meta(self, segment=False):
+        meta = {
+            "format": S.FORMAT_NAME,
+            "format_version": S.FORMAT_VERSION,
+            "side": self.side,
+            "reward_dtype": self.reward_dtype.name,
+            "observation_space": self.obs_layout.description,
+            "action_space": self.act_layout.description,
+            "version": __version__,
+            "keep_values": self.keep_values,
+        }
+        meta.update(self.extra_meta)
+        if segment:
+            meta["segment"] = len(self.segments)
+        return meta
+
+    def _memory_segment(self, take):
+        columns, values = {}, {}
+        for k, (s, buf) in enumerate(zip(self.stream_ids, self.buffers)):
+            columns[s] = buf.columns()
+            if take:
+                buf.clear()
+            if self.values:
+                if take:
+                    values[s] = self.values[k].take()
+                else:
+                    store = self.values[k]
+                    values[s] = {name: arr[: store.n] for name, arr in store.arrays.items()}
+        return Segment(columns, values)
+
+    def _value_specs(self):
+        return [(name, dt, shape) for name, dt, shape, _, _ in self.value_members]
+
+    def spill(self):
+        """Write the events in memory to a new spill segment and free them."""
+        if self.closed or self.pid != os.getpid():
+            return
+        n = sum(len(b) for b in self.buffers)
+        if n == 0:
+            return
+        directory = spill_dir(self.path)
+        if not self.segments and os.path.isdir(directory):
+            for old in glob.glob(os.path.join(directory, "seg-*.npz")):  # a stale run's pieces
+                os.unlink(old)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "seg-%06d.npz" % len(self.segments))
+        write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment(take=True)],
+                     self._value_specs(), final=False)
+        self.segments.append(path)
+        self._spilled_events += n
+
+    def write(self):
+        """Write the final file from the spilled segments and the events in memory.
+
+        Recording may go on; a later write replaces the file with a longer one.
+        A recording with no events writes nothing.
+        """
+        if self.pid != os.getpid():
+            return 0
+        if self.n_events() == 0:
+            return 0
+        from .read import segment_from_file  # a spilled segment read back, memory-mapped
+        opened = [segment_from_file(p) for p in self.segments]
+        try:
+            segments = [seg for seg, _ in opened] + [self._memory_segment(take=False)]
+            total = write_ledger(self.path, self.meta(), self.stream_ids, segments, self._value_specs())
+        finally:
+            for _, handle in opened:
+                handle.close()
+        self._written_events = total
+        return total
+
+    def close(self):
+        """Write the final file, remove the spill segments and free the buffers."""
+        if self.closed or self.pid != os.getpid():
+            return
+        try:
+            self.write()
+            for p in self.segments:
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(spill_dir(self.path))
+            except OSError:
+                pass
+        finally:
+            self.closed = True
+            for b in self.buffers:
+                b.release()
+            if self.values:
+                for v in self.values:
+                    v.take()
+            with _LOCK:
+                _OPEN.pop(id(self), None)
+
+
+def check_reward_dtype(reward_dtype, owner):
+    """The reward dtype as a numpy dtype; float32 or float64, else a one-line error."""
+    try:
+        dtype = np.dtype(reward_dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.name not in S.REWARD_DTYPES:
+        raise ValueError("%s: reward_dtype must be np.float32 or np.float64, got %r" % (owner, reward_dtype))
+    return dtype
+
+
+def check_path(path, owner, what):
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError("%s: %s must be a path, got %r" % (owner, what, path))
+    return os.fspath(path)

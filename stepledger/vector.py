@@ -1,0 +1,201 @@
+"""The trainer side for Gymnasium: ``LedgerVectorEnv``, innermost around the vector env."""
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+
+from . import core
+from .recording import Recording, check_path, check_reward_dtype, spill_everything
+from .spaces import LeafLayout
+
+NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
+
+
+def _mode_name(mode):
+    """Normalise an AutoresetMode, its value ('NextStep') or a name ('next_step')."""
+    value = getattr(mode, "value", mode)
+    if not isinstance(value, str):
+        return None
+    key = value.replace("_", "").replace("-", "").lower()
+    return {"nextstep": NEXT_STEP, "samestep": SAME_STEP, "disabled": DISABLED}.get(key)
+
+
+def resolve_autoreset_mode(env, autoreset_mode, owner):
+    """The vector env's autoreset mode; refuses DISABLED and refuses to guess."""
+    if autoreset_mode is not None:
+        mode = _mode_name(autoreset_mode)
+        if mode is None:
+            raise ValueError("%s: autoreset_mode must be 'next_step' or 'same_step' (or an AutoresetMode), "
+                             "got %r" % (owner, autoreset_mode))
+    else:
+        declared = (getattr(env, "metadata", None) or {}).get("autoreset_mode")
+        if declared is not None:
+            mode = _mode_name(declared)
+            if mode is None:
+                raise ValueError("%s: the vector env declares an unknown autoreset_mode %r; "
+                                 "pass autoreset_mode= explicitly" % (owner, declared))
+        elif type(env) in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
+            mode = NEXT_STEP  # Gymnasium 1.0's own vector envs: always the next step
+        else:
+            raise ValueError("%s: cannot tell how %s resets its envs (no metadata['autoreset_mode']); pass "
+                             "autoreset_mode='next_step' or 'same_step' to say so" % (owner, type(env).__name__))
+    if mode == DISABLED:
+        raise ValueError("%s: autoreset mode DISABLED is not supported: the trainer resets envs itself with "
+                         "reset_mask, and a ledger cannot tell which envs it meant to reset from the step's "
+                         "results; use NEXT_STEP or SAME_STEP" % owner)
+    return mode
+
+
+class LedgerVectorEnv(gym.vector.VectorWrapper):
+    """Records what the trainer sent and received through a Gymnasium vector env.
+
+    Place it innermost on the trainer side: directly around SyncVectorEnv,
+    AsyncVectorEnv or a bridge client, inside NormalizeObservation,
+    RecordEpisodeStatistics and other wrappers that change values on purpose.
+    It rebuilds each env's events as the env side saw them, following the
+    vector env's autoreset mode (read from ``metadata["autoreset_mode"]``, or
+    given as ``autoreset_mode=``), and writes one file with every env's
+    stream on ``close()``, ``flush()`` and at interpreter exit.
+
+    It returns exactly what the vector env returned. One vector step costs a
+    constant number of Python calls, whatever the number of envs.
+
+    Example::
+
+        >>> import gymnasium as gym
+        >>> from stepledger import LedgerVectorEnv
+        >>> envs = LedgerVectorEnv(gym.make_vec("CartPole-v1", num_envs=2), "ledger/trainer.npz")
+        >>> _ = envs.reset(seed=0)
+        >>> _ = envs.step(envs.action_space.sample())
+        >>> envs.close()  # writes ledger/trainer.npz
+
+    Args:
+        env: the vector env.
+        path: the trainer ledger file to write.
+        reward_dtype: np.float32 (default) or np.float64; the same on both sides.
+        keep_values: also keep observations and actions (costs a Python loop
+            over envs per step); the same on both sides.
+        autoreset_mode: overrides the mode, for bridges that do not declare it.
+    """
+
+    def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None):
+        super().__init__(env)
+        path = check_path(path, "LedgerVectorEnv", "path")
+        dtype = check_reward_dtype(reward_dtype, "LedgerVectorEnv")
+        self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
+        obs_layout = LeafLayout(env.single_observation_space, "LedgerVectorEnv: single_observation_space")
+        act_layout = LeafLayout(env.single_action_space, "LedgerVectorEnv: single_action_space")
+        self.ledger_path = path
+        self._recording = Recording(path, "trainer", range(env.num_envs), obs_layout, act_layout, dtype,
+                                    keep_values, {"autoreset_mode": self.autoreset_mode})
+        self._rec = core.VectorRecorder(self._recording.buffers, obs_layout, act_layout, dtype == np.float32)
+        self._keep = keep_values
+        self._warned_missing = False
+
+    def reset(self, *, seed=None, options=None):
+        mask = None
+        if options and options.get("reset_mask") is not None:
+            mask = np.array(options["reset_mask"], dtype=np.bool_)  # the vector env pops the key
+        obs, info = self.env.reset(seed=seed, options=options)
+        over = self._rec.reset(obs, mask)
+        if self._keep:
+            over |= self._keep_reset(obs, mask)
+        if over:
+            spill_everything()
+        return obs, info
+
+    def step(self, actions):
+        rec = self._rec
+        rec.actions(actions)
+        if self._keep:
+            was_pending = rec.pending.copy()
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        if self.autoreset_mode == NEXT_STEP:
+            over = rec.step_next(obs, rewards, terminated, truncated)
+            if self._keep:
+                over |= self._keep_next(actions, obs, was_pending)
+        else:
+            ended = rec.ended(terminated, truncated)
+            finals = {}
+            if ended:
+                final_obs = info.get("final_obs")
+                final_mask = info.get("_final_obs")
+                for i in ended:
+                    if final_obs is not None and final_mask is not None and final_mask[i]:
+                        h = rec.digest_obs(final_obs[i])
+                    else:
+                        h = core.MISSING_DIGEST
+                        self._warn_missing(i)
+                    finals[i] = (h, bool(terminated[i]), bool(truncated[i]))
+            over = rec.step_same(obs, rewards, finals)
+            if self._keep:
+                over |= self._keep_same(actions, obs, ended, info)
+        if over:
+            spill_everything()
+        return obs, rewards, terminated, truncated, info
+
+    def _warn_missing(self, i):
+        if not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn("LedgerVectorEnv: env %d ended an episode under SAME_STEP autoreset without "
+                          "info['final_obs'][%d]; its final observation is recorded as missing and will "
+                          "show as an obs difference" % (i, i), stacklevel=3)
+
+    # Kept values: a Python loop over envs, paid only with keep_values=True.
+    def _rows(self, layout, batch):
+        try:
+            return layout.cast_rows(batch, self.num_envs)
+        except Exception:
+            return None
+
+    def _cast(self, layout, value):
+        try:
+            return layout.cast(value)
+        except Exception:
+            return None
+
+    def _keep_reset(self, obs, mask):
+        rows = self._rows(self._rec.obs_layout, obs)
+        over = False
+        for i, store in enumerate(self._recording.values):
+            if mask is None or mask[i]:
+                over |= store.append(None if rows is None else [r[i] for r in rows], None)
+        return over
+
+    def _keep_next(self, actions, obs, was_pending):
+        orows = self._rows(self._rec.obs_layout, obs)
+        arows = self._rows(self._rec.act_layout, actions)
+        over = False
+        for i, store in enumerate(self._recording.values):
+            o = None if orows is None else [r[i] for r in orows]
+            a = None if arows is None or was_pending[i] else [r[i] for r in arows]
+            over |= store.append(o, a)
+        return over
+
+    def _keep_same(self, actions, obs, ended, info):
+        orows = self._rows(self._rec.obs_layout, obs)
+        arows = self._rows(self._rec.act_layout, actions)
+        over = False
+        for i, store in enumerate(self._recording.values):
+            o = None if orows is None else [r[i] for r in orows]
+            a = None if arows is None else [r[i] for r in arows]
+            if i in ended:
+                final = info.get("final_obs")
+                f = self._cast(self._rec.obs_layout, final[i]) if final is not None else None
+                over |= store.append(f, a)
+                over |= store.append(o, None)
+            else:
+                over |= store.append(o, a)
+        return over
+
+    def flush(self):
+        """Write the trainer ledger now; recording goes on."""
+        self._recording.write()
+
+    def close(self, **kwargs):
+        """Write the trainer ledger, then close the vector env."""
+        try:
+            self._recording.close()
+        finally:
+            self.env.close(**kwargs)
