@@ -7,10 +7,12 @@ step and field of the first difference.
 """
 
 from .__about__ import __version__
+from .compare import Report, compare
 from .core import IMPLEMENTATION as CORE
 from .env import LedgerEnv
 from .errors import LedgerError, UnsupportedSpaceError
 from .read import read
 from .vector import LedgerVectorEnv
 
-__all__ = ["CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "UnsupportedSpaceError", "__version__", "read"]
+__all__ = ["CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "Report", "UnsupportedSpaceError", "__version__",
+           "compare", "read"]

@@ -10,7 +10,7 @@ from cpython.float cimport PyFloat_AsDouble
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject_IsTrue
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 cimport numpy as cnp
@@ -26,6 +26,8 @@ cdef extern from "_blake2b.h":
     void sl_blake2b_init(sl_blake2b_state *S, size_t outlen) nogil
     void sl_blake2b_update(sl_blake2b_state *S, const void *data, size_t length) nogil
     uint64_t sl_blake2b_final64(sl_blake2b_state *S) nogil
+    int sl_have_avx2() nogil
+    void sl_blake2b64_x4(const uint8_t **msg, size_t length, uint64_t *out) nogil
 
 IMPLEMENTATION = "cython"
 
@@ -102,34 +104,17 @@ def leaf_header(tag, shape):
 cdef inline void _update_header(sl_blake2b_state *st, cnp.ndarray arr, int skip) noexcept:
     """Feed a leaf header for ``arr``'s shape without its first ``skip`` dims."""
     cdef uint8_t buf[4 + 1 + 8 * 64]
-    cdef cnp.dtype d = <cnp.dtype>cnp.PyArray_DESCR(arr)
-    cdef int itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
-    cdef int ndim = cnp.PyArray_NDIM(arr) - skip
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
-    cdef Py_ssize_t pos = 1
-    cdef int i, b
-    cdef uint64_t v
-    buf[pos] = <uint8_t>d.kind
-    pos += 1
-    if itemsize >= 10:
-        buf[pos] = <uint8_t>(48 + itemsize // 10)
-        pos += 1
-    buf[pos] = <uint8_t>(48 + itemsize % 10)
-    pos += 1
-    buf[0] = <uint8_t>(pos - 1)
-    buf[pos] = <uint8_t>ndim
-    pos += 1
-    for i in range(ndim):
-        v = <uint64_t>dims[i + skip]
-        for b in range(8):
-            buf[pos] = <uint8_t>(v >> (8 * b))
-            pos += 1
-    sl_blake2b_update(st, buf, pos)
+    sl_blake2b_update(st, buf, _header_bytes(arr, skip, buf))
 
 
 cdef inline cnp.ndarray _contiguous(object arr):
-    cdef cnp.ndarray a = <cnp.ndarray>arr
+    """``arr`` as a C-ordered ndarray, keeping its shape (also a 0-d one)."""
+    cdef cnp.ndarray a
+    if not isinstance(arr, np.ndarray):
+        arr = np.asarray(arr)
+    a = <cnp.ndarray>arr
     if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        # ascontiguousarray never sees a 0-d array here: those are contiguous.
         a = np.ascontiguousarray(a)
     return a
 
@@ -158,15 +143,51 @@ def digest_rows(leaves, cnp.ndarray out):
     return out
 
 
+cdef Py_ssize_t _header_bytes(cnp.ndarray arr, int skip, uint8_t *buf) noexcept:
+    """Write the leaf header of ``arr`` without its first ``skip`` dims into buf."""
+    cdef cnp.dtype d = <cnp.dtype>cnp.PyArray_DESCR(arr)
+    cdef int itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
+    cdef int ndim = cnp.PyArray_NDIM(arr) - skip
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
+    cdef Py_ssize_t pos = 1
+    cdef int i, b
+    cdef uint64_t v
+    buf[pos] = <uint8_t>d.kind
+    pos += 1
+    if itemsize >= 10:
+        buf[pos] = <uint8_t>(48 + itemsize // 10)
+        pos += 1
+    buf[pos] = <uint8_t>(48 + itemsize % 10)
+    pos += 1
+    buf[0] = <uint8_t>(pos - 1)
+    buf[pos] = <uint8_t>ndim
+    pos += 1
+    for i in range(ndim):
+        v = <uint64_t>dims[i + skip]
+        for b in range(8):
+            buf[pos] = <uint8_t>(v >> (8 * b))
+            pos += 1
+    return pos
+
+
 cdef int _digest_rows(list leaves, uint64_t *out, Py_ssize_t n) except -1:
+    """Digest row i of every leaf as one message, for each of the n rows.
+
+    With AVX2, the rows' messages (all of one length) are laid out side by
+    side and digested four at a time; the rest, one at a time.
+    """
     cdef Py_ssize_t nleaves = len(leaves)
-    cdef Py_ssize_t i, j
+    cdef Py_ssize_t i, j, k, pos
     cdef sl_blake2b_state st
     cdef cnp.ndarray a
     cdef list arrays = []
     cdef const uint8_t *data[64]
     cdef size_t rowbytes[64]
-    cdef cnp.ndarray first
+    cdef uint8_t headers[64][4 + 1 + 8 * 32]
+    cdef Py_ssize_t hlen[64]
+    cdef size_t msg_len = 0
+    cdef uint8_t *scratch
+    cdef const uint8_t *lanes[4]
     if nleaves > 64:
         # Rare: many leaves. Digest row by row through the generic path.
         for i in range(n):
@@ -174,17 +195,39 @@ cdef int _digest_rows(list leaves, uint64_t *out, Py_ssize_t n) except -1:
         return 0
     for j in range(nleaves):
         a = _contiguous(leaves[j])
-        if cnp.PyArray_NDIM(a) == 0 or cnp.PyArray_DIMS(a)[0] != n:
+        if cnp.PyArray_NDIM(a) == 0 or cnp.PyArray_DIMS(a)[0] != n or cnp.PyArray_NDIM(a) > 33:
             raise ValueError("batch leaf has the wrong number of rows")
         arrays.append(a)
         data[j] = <const uint8_t *>cnp.PyArray_DATA(a)
         rowbytes[j] = <size_t>(cnp.PyArray_NBYTES(a) // n) if n else 0
-    for i in range(n):
-        sl_blake2b_init(&st, 8)
-        for j in range(nleaves):
-            _update_header(&st, <cnp.ndarray>arrays[j], 1)
-            sl_blake2b_update(&st, data[j] + i * rowbytes[j], rowbytes[j])
-        out[i] = sl_blake2b_final64(&st)
+        hlen[j] = _header_bytes(a, 1, headers[j])
+        msg_len += hlen[j] + rowbytes[j]
+    i = 0
+    if n >= 4 and sl_have_avx2():
+        scratch = <uint8_t *>malloc(msg_len * n)
+        if scratch != NULL:
+            with nogil:
+                for k in range(n):
+                    pos = k * msg_len
+                    for j in range(nleaves):
+                        memcpy(scratch + pos, headers[j], hlen[j])
+                        pos += hlen[j]
+                        memcpy(scratch + pos, data[j] + k * rowbytes[j], rowbytes[j])
+                        pos += rowbytes[j]
+                while i + 4 <= n:
+                    for k in range(4):
+                        lanes[k] = scratch + (i + k) * msg_len
+                    sl_blake2b64_x4(lanes, msg_len, out + i)
+                    i += 4
+            free(scratch)
+    with nogil:
+        while i < n:
+            sl_blake2b_init(&st, 8)
+            for j in range(nleaves):
+                sl_blake2b_update(&st, headers[j], hlen[j])
+                sl_blake2b_update(&st, data[j] + i * rowbytes[j], rowbytes[j])
+            out[i] = sl_blake2b_final64(&st)
+            i += 1
     return 0
 
 
@@ -207,9 +250,12 @@ def reward_bits(reward, is_f32):
 
 cdef uint64_t _reward_bits(object reward, bint is_f32):
     cdef double value
+    # Anything that is not a real number (a str, None, an int too large for a
+    # double) is recorded as invalid: the env's step never raises because of
+    # the ledger.
     try:
         value = PyFloat_AsDouble(reward)
-    except (TypeError, ValueError):
+    except Exception:
         return C_INVALID
     return _bits(value, is_f32)
 
@@ -384,7 +430,8 @@ cdef class _Digester:
             try:
                 iv = PyLong_AsLongLong(value)
             except OverflowError:
-                return C_INVALID
+                # out of int64: cast() decides (an np.uint64 wraps, an int is invalid)
+                return self._digest_cast(value)
             # leaf header of an int64 scalar: tag "i8", ndim 0, then 8 data bytes
             buf[0] = 2
             buf[1] = 105  # 'i'
@@ -395,6 +442,9 @@ cdef class _Digester:
             sl_blake2b_init(&st, 8)
             sl_blake2b_update(&st, buf, 12)
             return sl_blake2b_final64(&st)
+        return self._digest_cast(value)
+
+    cdef uint64_t _digest_cast(self, object value) except? 0:
         try:
             leaves = self.layout.cast(value)
         except Exception:

@@ -1,0 +1,107 @@
+"""The ``stepledger`` command (also ``python -m stepledger``).
+
+Exit codes: 0 no difference, 1 a difference, 2 cannot compare (or bad usage).
+"""
+
+import argparse
+import json
+import sys
+
+from . import _schema as S
+from .__about__ import __version__
+from .errors import LedgerError
+
+EXIT_OK, EXIT_DIFFER, EXIT_CANNOT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors exit 2 with one line, as argparse does
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_CANNOT, "%s: error: %s\n" % (self.prog, message))
+
+
+def _compare(args):
+    from .compare import compare
+    report = compare(args.env_dir, args.trainer_file, count_all=args.all)
+    print(report.to_json() if args.json else str(report))
+    return EXIT_OK if report.ok else EXIT_DIFFER
+
+
+def _show(args):
+    import numpy as np
+
+    from .read import read
+    with read(args.path) as ledger:
+        streams = []
+        for idx, stream in ledger.streams.items():
+            n_events = n_resets = 0
+            for chunk in stream.chunks(names=("kind",)):
+                n_events += len(chunk["kind"])
+                n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
+            streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
+        if args.json:
+            print(json.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
+                              "streams": streams}, indent=2, sort_keys=True))
+            return EXIT_OK
+        print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
+                                 if ledger.partial else ""))
+        for key in sorted(ledger.meta):
+            print("  %s: %s" % (key, json.dumps(ledger.meta[key], sort_keys=True)))
+        print("  %d streams, %d events" % (len(streams), sum(s["events"] for s in streams)))
+        for s in streams:
+            print("  env %d: %d events, %d episodes started, %d steps" % (s["env"], s["events"], s["episodes"], s["steps"]))
+    return EXIT_OK
+
+
+def build_parser():
+    from . import core
+    p = _Parser(prog="stepledger", description="Find silent faults at the environment-trainer boundary.")
+    p.add_argument("--version", action="version", version="stepledger %s (core: %s)" % (__version__, core.IMPLEMENTATION))
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    c = sub.add_parser("compare", help="compare the env-side ledgers with the trainer ledger",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Compare the env-side ledgers (ENV_DIR/env-N.npz) with the trainer ledger and "
+                                   "print, per env, the first event where they differ.",
+                       epilog="example:\n  stepledger compare ledger ledger/trainer.npz\n\n"
+                              "exit codes: 0 no difference, 1 a difference, 2 cannot compare")
+    c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
+    c.add_argument("trainer_file", help="the file LedgerVectorEnv or LedgerVecEnv wrote")
+    c.add_argument("--json", action="store_true", help="print the report as JSON (see docs/REPORT.md)")
+    c.add_argument("--all", action="store_true",
+                   help="also count, per env and field, the events that differ after the first")
+    c.set_defaults(func=_compare)
+
+    s = sub.add_parser("show", help="describe a ledger file or an env directory",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Print a ledger's meta, its streams and their event and episode counts.",
+                       epilog="example:\n  stepledger show ledger/trainer.npz\n  stepledger show ledger")
+    s.add_argument("path", help="a ledger file or an env directory")
+    s.add_argument("--json", action="store_true", help="print as JSON")
+    s.set_defaults(func=_show)
+
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return p
+
+
+_EXTRA_COMMANDS = []  # other modules add subcommands here (demo, check, episodes)
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_CANNOT
+    try:
+        return args.func(args)
+    except LedgerError as exc:
+        print("stepledger: %s" % exc, file=sys.stderr)
+        return EXIT_CANNOT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""Comparing the two sides: the first difference per env, and the report users read.
+
+``compare(env_dir, trainer_file)`` streams both ledgers chunk by chunk, so it
+runs in bounded memory whatever their length, and stops reading an env's
+streams at their first difference unless every difference is to be counted.
+"""
+
+import json
+
+import numpy as np
+
+from . import _schema as S
+from . import core
+from .errors import LedgerError
+from .ledgerfile import CHUNK
+from .read import read
+from .spaces import leaf_names
+
+_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
+
+
+class EnvDifference:
+    """How one env's two streams differ.
+
+    ``what`` is ``"fields"`` (values differ at an event), ``"kind"`` (a reset
+    on one side, a step on the other), ``"length"`` (the streams agree but
+    one ends first) or ``"one_side"`` (the env is in one ledger only).
+    ``episode`` and ``step`` locate the event on the env side; ``fields``
+    lists the differing fields in report order; ``env_values`` and
+    ``trainer_values`` map a field to its printed value where known.
+    """
+
+    def __init__(self, env, what, event=None, episode=None, step=None, fields=(), env_values=None,
+                 trainer_values=None, env_events=None, trainer_events=None, side=None, counts=None, detail=None):
+        self.env, self.what, self.event = env, what, event
+        self.episode, self.step, self.fields = episode, step, tuple(fields)
+        self.env_values = env_values or {}
+        self.trainer_values = trainer_values or {}
+        self.env_events, self.trainer_events = env_events, trainer_events
+        self.side, self.counts, self.detail = side, counts, detail or {}
+
+    def line(self):
+        if self.what == "one_side":
+            other = "trainer" if self.side == "env" else "env"
+            return "env %d: recorded only on the %s side (%d events); the %s ledger has no stream for it" % (
+                self.env, self.side, self.env_events if self.side == "env" else self.trainer_events, other)
+        if self.what == "length":
+            shorter = "trainer" if self.trainer_events < self.env_events else "env"
+            shared = min(self.env_events, self.trainer_events)
+            where = ("after episode %d, step %d" % (self.episode, self.step)) if shared else "before its first event"
+            return ("env %d: the %s stream stops early, %s (env side %d events, trainer side %d); "
+                    "the %d events both sides have agree" % (self.env, shorter, where, self.env_events,
+                                                            self.trainer_events, shared))
+        head = "env %d, episode %d, step %d: " % (self.env, self.episode, self.step)
+        verb = "differs" if len(self.fields) == 1 else "differ"
+        known = [f for f in self.fields if f in self.env_values and f in self.trainer_values]
+        text = head + ", ".join(self.fields) + " " + verb
+        if known:
+            parts = []
+            for f in known:
+                gave = "env gave %s, trainer received %s" % (self.env_values[f], self.trainer_values[f])
+                parts.append(gave if len(self.fields) == 1 else "%s: %s" % (f, gave))
+            text += " (" + "; ".join(parts) + ")"
+        return text
+
+    def to_dict(self):
+        d = {"env": self.env, "type": self.what}
+        if self.what in ("fields", "kind"):
+            d.update(event=self.event, episode=self.episode, step=self.step, fields=list(self.fields),
+                     env_values=self.env_values, trainer_values=self.trainer_values)
+            if self.detail:
+                d["first_element"] = self.detail
+        if self.what == "length":
+            d.update(episode=self.episode, step=self.step)
+        if self.what == "one_side":
+            d["side"] = self.side
+        d["env_events"], d["trainer_events"] = self.env_events, self.trainer_events
+        if self.counts is not None:
+            d["counts"] = self.counts
+        d["line"] = self.line()
+        return d
+
+
+class Report:
+    """The result of a comparison. Truthy when the two sides agree everywhere.
+
+    ``differences`` holds one EnvDifference per differing env, in env order;
+    ``envs`` every env index seen on either side; ``str(report)`` is the text
+    report, one line per differing env, then ``N of M envs differ``.
+    """
+
+    def __init__(self, envs, differences, partial, values_hint, count_all):
+        self.envs = envs
+        self.differences = differences
+        self.partial = partial  # {"env": bool, "trainer": bool}
+        self.values_hint = values_hint
+        self.count_all = count_all
+
+    @property
+    def ok(self):
+        return not self.differences
+
+    def __bool__(self):
+        return self.ok
+
+    def by_env(self):
+        return {d.env: d for d in self.differences}
+
+    def lines(self):
+        out = [d.line() for d in self.differences]
+        if self.count_all:
+            for d in self.differences:
+                if d.counts:
+                    counts = ", ".join("%s %d" % (f, n) for f, n in d.counts.items() if n)
+                    out.append("env %d: events that differ, after and including the first: %s"
+                               % (d.env, counts or "none of the compared fields"))
+        out.append("%d of %d envs differ" % (len(self.differences), len(self.envs)))
+        for side in ("env", "trainer"):
+            if self.partial.get(side):
+                out.append("note: the %s ledger is partial: its process stopped before writing it, so it "
+                           "was read from its spilled segments" % side)
+        if self.values_hint:
+            out.append(_HINT)
+        return out
+
+    def __str__(self):
+        return "\n".join(self.lines())
+
+    def __repr__(self):
+        return "<Report ok=%s: %d of %d envs differ>" % (self.ok, len(self.differences), len(self.envs))
+
+    def to_dict(self):
+        return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
+                "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
+                "values_hint": self.values_hint}
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------- settings
+
+_SETTINGS = (("reward_dtype", "reward dtype"), ("observation_space", "observation space"),
+             ("action_space", "action space"))
+
+
+def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
+    """Refuse (LedgerError) when the two ledgers cannot be compared."""
+    if env_meta.get("side") == "trainer" and trainer_meta.get("side") == "env":
+        raise LedgerError("%s and %s are given in the wrong order: the env directory comes first, then the "
+                          "trainer file" % (env_path, trainer_path))
+    if env_meta.get("side") != "env":
+        raise LedgerError("%s: not an env-side ledger (side %r)" % (env_path, env_meta.get("side")))
+    if trainer_meta.get("side") != "trainer":
+        raise LedgerError("%s: not a trainer-side ledger (side %r)" % (trainer_path, trainer_meta.get("side")))
+    if env_meta.get("format_version") != trainer_meta.get("format_version"):
+        raise LedgerError("the two sides use different format versions (env %s, trainer %s)"
+                          % (env_meta.get("format_version"), trainer_meta.get("format_version")))
+    for key, name in _SETTINGS:
+        a, b = env_meta.get(key), trainer_meta.get(key)
+        if a != b:
+            msg = "the two sides recorded different %ss: env %s, trainer %s" % (
+                name, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+            if key != "reward_dtype":
+                msg += ("; a wrapper that changes the space (VecFrameStack, NormalizeObservation, ...) probably "
+                        "sits between a ledger and the vector env: put the trainer-side ledger innermost and "
+                        "LedgerEnv outermost in the worker")
+            else:
+                msg += "; pass the same reward_dtype to both sides"
+            raise LedgerError(msg)
+
+
+# ---------------------------------------------------------------- values
+
+def _reward_text(bits, dtype):
+    bits = int(bits)
+    if bits == core.INVALID_DIGEST:
+        return "invalid"
+    if dtype == "float32":
+        return str(np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()])
+    return repr(float(np.array(bits, dtype=np.uint64).view(np.float64)[()]))
+
+
+def _array_text(arr):
+    arr = np.asarray(arr)
+    if arr.ndim == 0:
+        return str(arr[()])
+    return np.array2string(arr, separator=", ", threshold=12, edgeitems=3, max_line_width=10**6)
+
+
+def _values_text(leaves, names):
+    if len(leaves) == 1 and names == [""]:
+        return _array_text(leaves[0])
+    return "{" + ", ".join("%s: %s" % (n, _array_text(v)) for n, v in zip(names, leaves)) + "}"
+
+
+def _first_element(env_leaves, tr_leaves, names):
+    for name, a, b in zip(names, env_leaves, tr_leaves):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return name or "shape"
+        diff = np.argwhere(~((a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else (a == b)))
+        if diff.size:
+            idx = "[" + ", ".join(str(int(x)) for x in diff[0]) + "]" if a.ndim else ""
+            return (name + idx) or "[]"
+    return None
+
+
+def _digest_text(h):
+    h = int(h)
+    if h == core.MISSING_DIGEST:
+        return "missing"
+    if h == core.INVALID_DIGEST:
+        return "invalid"
+    return None
+
+
+# ---------------------------------------------------------------- search
+
+def _read_rows(stream, names, start, stop):
+    """Rows [start, stop) of a stream's columns, across its pieces."""
+    parts = {n: [] for n in names}
+    pos = 0
+    for p in stream.pieces:
+        n = p.stop - p.start
+        a, b = max(start, pos), min(stop, pos + n)
+        if a < b:
+            for name in names:
+                parts[name].append(p.lf.source(name).read(p.start + a - pos, p.start + b - pos))
+        pos += n
+        if pos >= stop:
+            break
+    return {n: (v[0] if len(v) == 1 else np.concatenate(v)) for n, v in parts.items()}
+
+
+def _compare_stream(env_stream, tr_stream, count_all):
+    """First differing event index (or -1), counts per field if asked, and env positions."""
+    n = min(len(env_stream), len(tr_stream))
+    first = -1
+    counts = {f: 0 for f in S.FIELDS} if count_all else None
+    carry = (-1, 0)
+    position = None
+    for start in range(0, n, CHUNK):
+        stop = min(start + CHUNK, n)
+        a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        if first < 0:
+            i = core.first_difference(a, b)
+            if i >= 0:
+                first = start + i
+                from .ledgerfile import positions
+                ep, st, _ = positions(a["kind"][: i + 1], carry)
+                position = (int(ep[-1]), int(st[-1]))
+            else:
+                carry = _advance(a["kind"], carry)
+        if count_all and first >= 0:
+            lo = max(first - start, 0)
+            for f in S.FIELDS:
+                col = S.FIELD_COLUMNS[f]
+                counts[f] += int(np.count_nonzero(np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])))
+        if first >= 0 and not count_all:
+            break
+    if first < 0 and n:
+        position = carry  # the position of the last shared event
+    return first, counts, position
+
+
+def _advance(kind, carry):
+    resets = np.flatnonzero(np.asarray(kind) == S.KIND_RESET)
+    n = len(kind)
+    if resets.size:
+        return (carry[0] + int(resets.size), n - 1 - int(resets[-1]))
+    return (carry[0], carry[1] + n)
+
+
+def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
+    a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, index, index + 1)
+    b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, index, index + 1)
+    row_a = {k: v[0] for k, v in a.items()}
+    row_b = {k: v[0] for k, v in b.items()}
+    episode, step = position
+    if row_a["kind"] != row_b["kind"]:
+        return EnvDifference(env_id, "kind", index, episode, step, ("kind",),
+                             {"kind": S.KIND_NAMES.get(int(row_a["kind"]), str(row_a["kind"]))},
+                             {"kind": S.KIND_NAMES.get(int(row_b["kind"]), str(row_b["kind"]))})
+    fields = [f for f in S.FIELDS[1:] if row_a[S.FIELD_COLUMNS[f]] != row_b[S.FIELD_COLUMNS[f]]]
+    env_values, tr_values, detail = {}, {}, {}
+    for f in fields:
+        col = S.FIELD_COLUMNS[f]
+        if f == "reward":
+            env_values[f] = _reward_text(row_a[col], meta["reward_dtype"])
+            tr_values[f] = _reward_text(row_b[col], meta["reward_dtype"])
+        elif f in ("terminated", "truncated"):
+            env_values[f], tr_values[f] = str(bool(row_a[col])), str(bool(row_b[col]))
+        else:
+            which = "obs" if f == "obs" else "act"
+            space = meta["observation_space" if f == "obs" else "action_space"]
+            names = leaf_names(space)
+            va, vb = env_stream.value_rows(which, index), tr_stream.value_rows(which, index)
+            ta, tb = _digest_text(row_a[col]), _digest_text(row_b[col])
+            if va is not None and vb is not None or ta or tb:
+                env_values[f] = ta or (_values_text(va, names) if va is not None else None)
+                tr_values[f] = tb or (_values_text(vb, names) if vb is not None else None)
+                if env_values[f] is None or tr_values[f] is None:
+                    env_values.pop(f), tr_values.pop(f)
+                elif not (ta or tb):
+                    where = _first_element(va, vb, names)
+                    if where:
+                        detail[f] = where
+    return EnvDifference(env_id, "fields", index, episode, step, fields, env_values, tr_values, detail=detail)
+
+
+def compare(env_dir, trainer_file, count_all=False):
+    """Compare the env-side ledgers in ``env_dir`` with the trainer ledger ``trainer_file``.
+
+    Returns a Report (truthy when the two agree). Raises LedgerError when they
+    cannot be compared: a missing or unreadable ledger, the two sides given
+    in the wrong order, or different reward dtypes, spaces or format versions.
+    With ``count_all``, also counts per field the events that differ after
+    the first, which tells a one-off fault from a systematic one.
+    """
+    env_ledger = read(env_dir)
+    try:
+        tr_ledger = read(trainer_file)
+    except LedgerError:
+        env_ledger.close()
+        raise
+    try:
+        check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
+        meta = env_ledger.meta
+        envs = sorted(set(env_ledger.streams) | set(tr_ledger.streams))
+        differences = []
+        hint = False
+        for e in envs:
+            es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
+            if es is None or ts is None:
+                differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
+                                                 env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
+                continue
+            first, counts, position = _compare_stream(es, ts, count_all)
+            if first >= 0:
+                d = _difference_at(e, es, ts, first, position, meta)
+                hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
+            elif len(es) != len(ts):
+                shared = min(len(es), len(ts))
+                pos = position if shared else (None, None)
+                d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
+            else:
+                continue
+            d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
+            differences.append(d)
+        partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
+        return Report(envs, differences, partial, hint, count_all)
+    finally:
+        env_ledger.close()
+        tr_ledger.close()
