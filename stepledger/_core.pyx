@@ -490,12 +490,16 @@ cdef class EventRecorder:
                                 PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
 
     def _keep_event(self, uint8_t kind, action, obs, reward, terminated, truncated):
+        # Everything that can raise comes before keep(), so that a failed
+        # event leaves kept values and events aligned.
+        cdef bint te = PyObject_IsTrue(terminated)
+        cdef bint tr = PyObject_IsTrue(truncated)
         obs_leaves = _cast_or_none(self.obs_layout, obs)
         act_leaves = None if kind == KIND_RESET else _cast_or_none(self.act_layout, action)
         h_act = NO_DIGEST if kind == KIND_RESET else digest_leaves(act_leaves)
+        h_obs = digest_leaves(obs_leaves)
         over = self.keep(obs_leaves, act_leaves)
-        return (self.buffer.push(kind, digest_leaves(obs_leaves), h_act, _reward_bits(reward, self.is_f32),
-                                 bool(terminated), bool(truncated)) == 1) or bool(over)
+        return (self.buffer.push(kind, h_obs, h_act, _reward_bits(reward, self.is_f32), te, tr) == 1) or bool(over)
 
 
 def _cast_or_none(layout, value):

@@ -14,6 +14,7 @@ order, little-endian.
 """
 
 import hashlib
+import operator
 import struct
 
 import numpy as np
@@ -81,8 +82,8 @@ def digest_leaves(leaves):
         return INVALID_DIGEST
     h = hashlib.blake2b(digest_size=S.DIGEST_SIZE)
     for arr in leaves:
-        arr = np.ascontiguousarray(arr)
-        _update(h, arr, arr.shape, arr.tobytes())
+        arr = np.asarray(arr)  # not ascontiguousarray: it turns a 0-d leaf into shape (1,)
+        _update(h, arr, arr.shape, arr.tobytes(order="C"))
     return int.from_bytes(h.digest(), "little")
 
 
@@ -101,6 +102,22 @@ def digest_rows(leaves, out):
     return out
 
 
+def _as_double(x):
+    """``x`` as a C double the way CPython's PyFloat_AsDouble takes it.
+
+    Unlike ``float(x)``, a str, bytes or other buffer is not parsed: only
+    ``__float__`` and then ``__index__`` count.
+    """
+    if isinstance(x, float):
+        return float(x)
+    cls = type(x)
+    if hasattr(cls, "__float__"):
+        return float(x)
+    if hasattr(cls, "__index__"):
+        return float(operator.index(x))
+    raise TypeError("must be real number, not %s" % cls.__name__)
+
+
 def reward_bits(reward, is_f32):
     """The raw bits of a reward cast to the reward dtype, as an unsigned integer.
 
@@ -108,8 +125,8 @@ def reward_bits(reward, is_f32):
     float64 or Python float rounds once, to nearest even.
     """
     try:
-        value = float(reward)
-    except (TypeError, ValueError):
+        value = _as_double(reward)
+    except Exception:  # not a real number, or too large for a double
         return INVALID_DIGEST
     if is_f32:
         return int(np.array(value, dtype=np.float64).astype(np.float32).view(np.uint32))
@@ -207,12 +224,15 @@ class EventRecorder:
                                   reward_bits(reward, self.reward_is_f32), terminated, truncated)
 
     def _keep_event(self, kind, action, obs, reward, terminated, truncated):
+        # Everything that can raise comes before keep(), so that a failed
+        # event leaves kept values and events aligned.
+        te, tr = bool(terminated), bool(truncated)
         obs_leaves = _cast_or_none(self.obs_layout, obs)
         act_leaves = None if kind == S.KIND_RESET else _cast_or_none(self.act_layout, action)
         h_act = S.NO_DIGEST if kind == S.KIND_RESET else digest_leaves(act_leaves)
+        h_obs = digest_leaves(obs_leaves)
         over = self.keep(obs_leaves, act_leaves)
-        return self.buffer.append(kind, digest_leaves(obs_leaves), h_act,
-                                  reward_bits(reward, self.reward_is_f32), terminated, truncated) or bool(over)
+        return self.buffer.append(kind, h_obs, h_act, reward_bits(reward, self.reward_is_f32), te, tr) or bool(over)
 
 
 def _cast_or_none(layout, value):

@@ -59,6 +59,8 @@ class EnvDifference:
             parts = []
             for f in known:
                 gave = "env gave %s, trainer received %s" % (self.env_values[f], self.trainer_values[f])
+                if f in self.detail:
+                    gave += ", first at %s" % self.detail[f]
                 parts.append(gave if len(self.fields) == 1 else "%s: %s" % (f, gave))
             text += " (" + "; ".join(parts) + ")"
         return text
@@ -181,11 +183,23 @@ def _reward_text(bits, dtype):
     return repr(float(np.array(bits, dtype=np.uint64).view(np.float64)[()]))
 
 
-def _array_text(arr):
+def _array_text(arr, limit=12):
+    """Shortest round-trip digits per element; long arrays shortened with their shape."""
     arr = np.asarray(arr)
     if arr.ndim == 0:
         return str(arr[()])
-    return np.array2string(arr, separator=", ", threshold=12, edgeitems=3, max_line_width=10**6)
+    if arr.size <= limit:
+        return _nested(arr)
+    flat = arr.reshape(-1)
+    head = ", ".join(str(x) for x in flat[:3])
+    tail = ", ".join(str(x) for x in flat[-3:])
+    return "[%s, ..., %s] (shape %s)" % (head, tail, "x".join(str(d) for d in arr.shape))
+
+
+def _nested(arr):
+    if arr.ndim == 1:
+        return "[" + ", ".join(str(x) for x in arr) + "]"
+    return "[" + ", ".join(_nested(sub) for sub in arr) + "]"
 
 
 def _values_text(leaves, names):

@@ -1,6 +1,7 @@
 """The env side: ``LedgerEnv``, outermost in the environment's own process."""
 
 import os
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -65,15 +66,41 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
-        if self._rec.reset(obs):
-            spill_everything()
+        try:
+            over = self._rec.reset(obs)
+        except Exception as exc:  # the env's reset never raises because of the ledger
+            over = self._failed("reset", exc)
+        if over:
+            self._spill()
         return obs, info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if self._rec.step(action, obs, reward, terminated, truncated):
-            spill_everything()
+        try:
+            over = self._rec.step(action, obs, reward, terminated, truncated)
+        except Exception as exc:
+            # Values that cannot be digested are recorded as invalid inside the
+            # recorder; what is left is flags with no truth value (an array).
+            # Record them as best we can rather than fail the env's step.
+            try:
+                over = self._rec.step(action, obs, reward, _flag(terminated), _flag(truncated))
+            except Exception as exc2:
+                over = self._failed("step", exc2)
+        if over:
+            self._spill()
         return obs, reward, terminated, truncated, info
+
+    def _failed(self, what, exc):
+        warnings.warn("stepledger: LedgerEnv(index=%d) could not record a %s: %s" % (self.index, what, exc),
+                      RuntimeWarning, stacklevel=3)
+        return False
+
+    def _spill(self):
+        try:
+            spill_everything()
+        except Exception as exc:  # e.g. a full disk: keep the events in memory, keep stepping
+            warnings.warn("stepledger: could not spill %s: %s" % (self.ledger_path, exc), RuntimeWarning,
+                          stacklevel=3)
 
     def flush(self):
         """Write the ledger file now; recording goes on."""
@@ -85,3 +112,11 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._recording.close()
         finally:
             super().close()
+
+
+def _flag(value):
+    """A flag with no plain truth value (an array of several): true if any element is."""
+    try:
+        return bool(np.any(np.asarray(value)))
+    except Exception:
+        return True

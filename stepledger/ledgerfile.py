@@ -31,6 +31,7 @@ _LEVEL = {
 _VALUES_LEVEL = 1
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 CHUNK = 1 << 20  # events per chunk when streaming columns
+VALUE_CHUNK_BYTES = 8 << 20  # bytes per chunk when streaming kept values
 
 
 def values_member(field, leaf):
@@ -174,13 +175,15 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
                             yield episode if which == "episode" else step
         return gen
 
-    def value_chunks(member):
+    def value_chunks(member, rows):
         def gen():
             for s in stream_ids:
                 for seg in segments:
                     vals = seg.values.get(s)
                     if vals is not None:
-                        yield vals[member]
+                        arr = vals[member]
+                        for i in range(0, arr.shape[0], rows):
+                            yield arr[i:i + rows]
         return gen
 
     meta_arr = np.array(json.dumps(meta, sort_keys=True))
@@ -196,7 +199,9 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
         for name, dt in S.POSITION_COLUMNS:
             members.append(_Member(name, dt, (total,), position_chunks(name), level[name]))
     for member, dt, row_shape in value_members:
-        members.append(_Member(member, dt, (total,) + tuple(row_shape), value_chunks(member),
+        row_bytes = np.dtype(dt).itemsize * int(np.prod(row_shape, dtype=np.int64))
+        rows = max(1, VALUE_CHUNK_BYTES // max(1, row_bytes))
+        members.append(_Member(member, dt, (total,) + tuple(row_shape), value_chunks(member, rows),
                                _VALUES_LEVEL if final else 0))
     _write_zip(path, members)
     return total
@@ -229,6 +234,7 @@ class _ColumnSource:
         self.stored = info.compress_type == zipfile.ZIP_STORED
         self._cursor = None
         self._pos = 0
+        self._offset = None
 
     def _data_offset(self):
         with open(self.path, "rb") as f:
@@ -253,10 +259,14 @@ class _ColumnSource:
         return self.read(0, self.shape[0] if self.shape else 1).reshape(self.shape)
 
     def read(self, start, stop):
-        """Rows [start, stop) of a member, read forward without loading the rest."""
-        if self.stored:
-            return self.array()[start:stop]
+        """Rows [start, stop) of a member, read forward without loading the rest.
+
+        Stored members are read with plain file reads, not memory-mapped, so
+        that streaming through a long ledger does not grow the process's RSS.
+        """
         row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        if self.stored:
+            return self._read_stored(start, stop, row_bytes)
         try:
             if self._cursor is None or start < self._pos:
                 if self._cursor is not None:
@@ -274,6 +284,55 @@ class _ColumnSource:
             raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
         self._pos = stop
         return np.frombuffer(data, dtype=self.dtype).reshape((stop - start,) + self.shape[1:])
+
+
+    def _read_stored(self, start, stop, row_bytes):
+        rows = self.shape[0] if self.shape else 1
+        if not 0 <= start <= stop <= rows:
+            raise LedgerError("%s: member %s has no rows [%d, %d)" % (self.path, self.name, start, stop))
+        out = np.empty((stop - start,) + self.shape[1:], dtype=self.dtype)
+        want = (stop - start) * row_bytes
+        if want == 0:
+            return out
+        if self._offset is None:
+            self._offset = self._data_offset()
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        got = 0
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset + start * row_bytes)
+                while got < want:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
+        except OSError as exc:
+            raise LedgerError("%s: member %s cannot be read (%s)" % (self.path, self.name, _short(exc))) from None
+        if got != want:
+            raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
+        return out
+
+
+class Rows:
+    """Rows [start, stop) of one member of a ledger file, read on demand.
+
+    Sliced like an array (``rows[a:b]`` reads those rows), so a spilled
+    segment can feed ``write_ledger`` without being loaded or memory-mapped.
+    """
+
+    def __init__(self, source, start, stop):
+        self.source, self.start, self.stop = source, int(start), int(stop)
+        self.dtype = source.dtype
+        self.shape = (self.stop - self.start,) + tuple(source.shape[1:])
+
+    def __len__(self):
+        return self.stop - self.start
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("Rows supports plain slices only")
+        a, b, _ = key.indices(self.stop - self.start)
+        return self.source.read(self.start + a, self.start + max(a, b))
 
 
 def _skip(f, nbytes):

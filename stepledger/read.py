@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _schema as S
 from .errors import LedgerError
-from .ledgerfile import CHUNK, LedgerFile, Segment, positions, spill_dir
+from .ledgerfile import CHUNK, LedgerFile, Rows, Segment, positions, spill_dir
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
 
@@ -118,16 +118,19 @@ def _segments(path):
 
 
 def segment_from_file(path):
-    """A spilled segment as a Segment of memory-mapped columns, and its open file."""
+    """A spilled segment as a Segment of columns read on demand, and its open file.
+
+    The columns are ``ledgerfile.Rows``, read in chunks while the final file
+    is written: neither loaded nor memory-mapped, so assembling a long ledger
+    from its segments keeps the process's memory bounded.
+    """
     lf = LedgerFile(path)
     columns, values = {}, {}
     value_names = [m for m in lf.members if m.startswith("values_")]
-    arrays = {name: lf.source(name).array() for name in S.EVENT_COLUMN_NAMES}
-    vals = {name: lf.source(name).array() for name in value_names}
     for k, s in enumerate(lf.stream_ids):
         a, b = int(lf.offsets[k]), int(lf.offsets[k + 1])
-        columns[s] = {name: arr[a:b] for name, arr in arrays.items()}
-        values[s] = {name: arr[a:b] for name, arr in vals.items()}
+        columns[s] = {name: Rows(lf.source(name), a, b) for name in S.EVENT_COLUMN_NAMES}
+        values[s] = {name: Rows(lf.source(name), a, b) for name in value_names}
     return Segment(columns, values), lf
 
 

@@ -167,15 +167,29 @@ class Recording:
         if n == 0:
             return
         directory = spill_dir(self.path)
-        if not self.segments and os.path.isdir(directory):
-            for old in glob.glob(os.path.join(directory, "seg-*.npz")):  # a stale run's pieces
-                os.unlink(old)
+        if not self.segments:
+            # An earlier run's pieces, and its final file unless this recording
+            # wrote it: if this process is killed, read() must find this run's
+            # segments, not an older run's ledger.
+            self._remove_stale_segments()
+            if self._written_events == 0 and os.path.exists(self.path):
+                os.unlink(self.path)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, "seg-%06d.npz" % len(self.segments))
         write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment(take=True)],
                      self._value_specs(), final=False)
         self.segments.append(path)
         self._spilled_events += n
+
+    def _remove_stale_segments(self):
+        """Remove spill segments in this ledger's spill directory that this recording did not write."""
+        mine = set(self.segments)
+        for old in glob.glob(os.path.join(spill_dir(self.path), "seg-*.npz")):
+            if old not in mine:
+                try:
+                    os.unlink(old)
+                except OSError:
+                    pass
 
     def write(self):
         """Write the final file from the spilled segments and the events in memory.
@@ -196,6 +210,10 @@ class Recording:
             for _, handle in opened:
                 handle.close()
         self._written_events = total
+        if not self.segments:
+            # Segments of an earlier run would hold more events than this file
+            # and be read in its place.
+            self._remove_stale_segments()
         return total
 
     def close(self):

@@ -64,7 +64,11 @@ def _structure(space):
 
 def _flatten(structure, value, dtypes, out):
     if structure == "leaf":
-        out.append(np.ascontiguousarray(value, dtype=dtypes[len(out)]))
+        # np.asarray, not np.ascontiguousarray: that one turns a scalar into shape (1,).
+        arr = np.asarray(value, dtype=dtypes[len(out)])
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # ndim >= 1 here: 0-d arrays are contiguous
+        out.append(arr)
         return
     kind, keys, subs = structure
     if kind == "dict":
