@@ -22,6 +22,23 @@ from .vector import LedgerVectorEnv
 VECTORS = ("sync", "async", "subproc", "dummy")
 
 
+def is_located(difference, injected):
+    """Whether compare's difference for an env names where the fault first changed a value.
+
+    A skipped step that is never followed by a real one (``step:fill`` at
+    every step) leaves the env stream shorter: compare then reports where it
+    stops, one event before the fill.
+    """
+    d, inj = difference, injected
+    if d is None or inj is None:
+        return False
+    if d.what in ("fields", "kind"):
+        return (d.episode, d.step) == (inj["episode"], inj["step"]) and bool(set(d.fields) & reported_fields(inj["fault"]))
+    if d.what == "length" and inj["fault"] == "step:fill":
+        return (d.episode, d.step + 1) == (inj["episode"], inj["step"])
+    return False
+
+
 class FaultResult:
     """One fault's run: where it was injected and what compare said."""
 
@@ -38,9 +55,7 @@ class FaultResult:
 
     @property
     def located(self):
-        d, inj = self.difference, self.injected
-        return (self.caught and d.what in ("fields", "kind") and (d.episode, d.step) == (inj["episode"], inj["step"])
-                and bool(set(d.fields) & reported_fields(self.fault)))
+        return self.caught and is_located(self.difference, self.injected)
 
     def line(self):
         if not self.exercised:

@@ -190,15 +190,18 @@ class _Where:
 
     def __init__(self, record):
         self.first = None
+        self.by_env = {}  # env -> its first change
         self.count = 0
         self.record = os.fspath(record) if record is not None else None
 
     def hit(self, env, episode, step, fault):
         self.count += 1
-        if self.first is None:
+        if int(env) not in self.by_env:
             field = fault.split(":")[0]
-            self.first = {"env": int(env), "episode": int(episode), "step": int(step), "fault": fault,
-                          "field": {"final-obs": "obs"}.get(field, field)}
+            self.by_env[int(env)] = {"env": int(env), "episode": int(episode), "step": int(step), "fault": fault,
+                                     "field": {"final-obs": "obs"}.get(field, field)}
+        if self.first is None:
+            self.first = self.by_env[int(env)]
             if self.record:
                 os.makedirs(os.path.dirname(os.path.abspath(self.record)) or ".", exist_ok=True)
                 tmp = self.record + ".tmp-%d" % os.getpid()

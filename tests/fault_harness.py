@@ -1,0 +1,86 @@
+"""Runs one faulty or clean rollout through a real harness, for the detection matrix.
+
+Harnesses: AsyncVectorEnv under NEXT_STEP and SAME_STEP, SB3 SubprocVecEnv.
+Env-side faults are injected by FaultyEnv in the workers, swaps by the
+trainer-side injectors. Each env writes where its fault first changed a value.
+"""
+
+import functools
+import os
+import warnings
+
+import gymnasium as gym
+import numpy as np
+
+from stepledger import LedgerEnv, LedgerVectorEnv, compare
+from stepledger.faults import FaultyEnv, FaultyVectorEnv, read_record
+
+HARNESSES = ("async-next", "async-same", "sb3-subproc")
+N_ENVS = 2
+
+
+def env_for(fault):
+    """Pendulum (Box actions, time limits) unless the fault needs terminations or integer actions."""
+    if fault and fault.split(":")[0] == "terminated" and fault != "terminated:spurious":
+        return "CartPole-v1", 200
+    return "Pendulum-v1", 9
+
+
+def make_env(i, directory, env_id, limit, fault, dose, seed):
+    env = gym.make(env_id, max_episode_steps=limit)
+    env = LedgerEnv(env, directory, index=i)
+    if fault is not None:
+        env = FaultyEnv(env, fault, index=i, dose=dose, at=7, target=N_ENVS - 1, seed=seed,
+                        record=os.path.join(directory, "fault-%d.json" % i))
+    return env
+
+
+def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id=None):
+    """Run the rollout; returns (report, {env: first change}) ."""
+    default_id, limit = env_for(fault)
+    env_id = env_id or default_id
+    trainer_side = fault is not None and fault.endswith(":swap")
+    env_fault = None if trainer_side else fault
+    fns = [functools.partial(make_env, i, directory, env_id, limit, env_fault, dose, seed) for i in range(N_ENVS)]
+    trainer_file = os.path.join(directory, "trainer.npz")
+    injector = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if harness.startswith("async"):
+            mode = gym.vector.AutoresetMode.NEXT_STEP if harness == "async-next" else gym.vector.AutoresetMode.SAME_STEP
+            venv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="fork")
+            if trainer_side:
+                venv = injector = FaultyVectorEnv(venv, fault, dose=dose, at=7, target=N_ENVS - 1, seed=seed)
+            venv = LedgerVectorEnv(venv, trainer_file)
+            space = venv.single_action_space
+        else:
+            from stable_baselines3.common.vec_env import SubprocVecEnv
+
+            from stepledger.faults import FaultyVecEnv
+            from stepledger.sb3 import LedgerVecEnv
+            venv = SubprocVecEnv(fns, start_method="fork")
+            if trainer_side:
+                venv = injector = FaultyVecEnv(venv, fault, dose=dose, at=7, target=N_ENVS - 1, seed=seed)
+            venv = LedgerVecEnv(venv, trainer_file)
+            space = venv.action_space
+        space.seed(seed)
+        actions = [np.stack([space.sample() for _ in range(N_ENVS)]) for _ in range(steps)]
+        try:
+            if harness.startswith("async"):
+                venv.reset(seed=seed)
+            else:
+                venv.seed(seed)
+                venv.reset()
+            for a in actions:
+                venv.step(a)
+        finally:
+            venv.close()
+    if injector is not None:
+        firsts = dict(injector.where.by_env)
+    else:
+        firsts = {}
+        for i in range(N_ENVS):
+            rec = read_record(os.path.join(directory, "fault-%d.json" % i))
+            if rec is not None:
+                firsts[i] = rec
+    return compare(directory, trainer_file), firsts
