@@ -1,0 +1,97 @@
+"""A streaming ZIP64 writer for ledger files, with a fast deflate.
+
+``zipfile`` compresses with zlib only, and zlib's level 1 writes a ledger's
+reward bits at about 55 MB/s: 16M events took over 2 s for that column
+alone. ISA-L (the ``isal`` package) produces standard raw deflate streams at
+about 270 MB/s on the same data, and any zlib, numpy's np.load included,
+reads them. Where isal is not installed, zlib is used: the file is just as
+valid, only slower to write.
+
+The writer streams each member (local header, data, then the header patched
+with its CRC and sizes), so a member never has to be in memory at once. Every
+member carries ZIP64 sizes, and times are fixed, so the same columns always
+give the same bytes.
+"""
+
+import struct
+import zlib
+
+try:
+    from isal import isal_zlib as _deflate
+    DEFLATE = "isal"
+except ImportError:  # pragma: no cover - exercised where isal is absent
+    _deflate = zlib
+    DEFLATE = "zlib"
+
+_crc32 = getattr(_deflate, "crc32", zlib.crc32)
+
+_DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01
+_DOS_TIME = 0
+_VERSION = 45  # ZIP64
+_STORED, _DEFLATED = 0, 8
+_MAX32 = 0xFFFFFFFF
+
+
+def _compressor(level):
+    if _deflate is zlib:
+        return zlib.compressobj(level, zlib.DEFLATED, -15)
+    # ISA-L has levels 0-3; map zlib's 1-9 onto them, keeping 1 as the fastest useful one
+    return _deflate.compressobj(min(level, 3), _deflate.DEFLATED, -15)
+
+
+class ZipWriter:
+    """Write members into an open, seekable binary file."""
+
+    def __init__(self, f):
+        self.f = f
+        self.entries = []
+
+    def member(self, name, chunks, level):
+        """Write one member from an iterable of bytes-like chunks; level 0 stores it."""
+        f = self.f
+        fname = name.encode("utf-8")
+        offset = f.tell()
+        method = _DEFLATED if level else _STORED
+        f.write(self._local_header(fname, method, 0, 0, 0))
+        crc, usize, csize = 0, 0, 0
+        comp = _compressor(level) if level else None
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            if not view.nbytes:
+                continue
+            crc = _crc32(view, crc)
+            usize += view.nbytes
+            data = comp.compress(view) if comp else view
+            if len(data):
+                f.write(data)
+                csize += len(data)
+        if comp:
+            tail = comp.flush()
+            f.write(tail)
+            csize += len(tail)
+        end = f.tell()
+        f.seek(offset)
+        f.write(self._local_header(fname, method, crc & _MAX32, csize, usize))
+        f.seek(end)
+        self.entries.append((fname, method, crc & _MAX32, csize, usize, offset))
+
+    def _local_header(self, fname, method, crc, csize, usize):
+        extra = struct.pack("<HHQQ", 1, 16, usize, csize)
+        return struct.pack("<IHHHHHIIIHH", 0x04034B50, _VERSION, 0, method, _DOS_TIME, _DOS_DATE, crc,
+                           _MAX32, _MAX32, len(fname), len(extra)) + fname + extra
+
+    def close(self):
+        """Write the central directory and the ZIP64 end records."""
+        f = self.f
+        cd_start = f.tell()
+        for fname, method, crc, csize, usize, offset in self.entries:
+            extra = struct.pack("<HHQQQ", 1, 24, usize, csize, offset)
+            f.write(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, _VERSION | (3 << 8), _VERSION, 0, method,
+                                _DOS_TIME, _DOS_DATE, crc, _MAX32, _MAX32, len(fname), len(extra), 0, 0, 0,
+                                0o100644 << 16, _MAX32) + fname + extra)
+        cd_end = f.tell()
+        n = len(self.entries)
+        f.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, _VERSION, _VERSION, 0, 0, n, n, cd_end - cd_start,
+                            cd_start))
+        f.write(struct.pack("<IIQI", 0x07064B50, 0, cd_end, 1))
+        f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF), _MAX32, _MAX32, 0))
