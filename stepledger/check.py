@@ -103,7 +103,7 @@ def _gym_vector(kind, autoreset):
 
     def build(fns):
         kwargs = {}
-        if autoreset not in (None, "next"):
+        if autoreset == "same":
             kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
         cls = gym.vector.SyncVectorEnv if kind == "sync" else gym.vector.AsyncVectorEnv
         return cls(fns, **kwargs)
@@ -183,6 +183,11 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
         raise TypeError("check_boundary: vector must be a name or a callable, got %r" % (vector,))
     if autoreset not in ("next", "same"):
         raise ValueError("check_boundary: autoreset must be 'next' or 'same', got %r" % (autoreset,))
+    if autoreset == "same" and not sb3 and isinstance(vector, str):
+        import gymnasium as gym
+        if not hasattr(gym.vector, "AutoresetMode"):
+            raise ValueError("check_boundary: autoreset='same' needs Gymnasium 1.1 or later (Gymnasium %s's vector "
+                             "envs always reset on the next step)" % gym.__version__)
     faults = [check_fault(f, ENV_SIDE_FAULTS, "check_boundary") for f in faults]
     target = n_envs - 1 if target is None else int(target)
     directory = directory or tempfile.mkdtemp(prefix="stepledger-check-")
