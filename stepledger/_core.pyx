@@ -263,7 +263,9 @@ cdef uint64_t _reward_bits(object reward, bint is_f32):
 def reward_bits_array(rewards, is_f32):
     rewards = np.asarray(rewards, dtype=np.float64)
     if is_f32:
-        return rewards.astype(np.float32).view(np.uint32).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            rewards = rewards.astype(np.float32)
+        return rewards.view(np.uint32).astype(np.uint64)
     return rewards.view(np.uint64).copy()
 
 
@@ -587,11 +589,32 @@ cdef class VectorRecorder:
     def digest_act(self, value):
         return self.act.digest(value)
 
-    cdef int _rows(self, object layout, object batch, cnp.ndarray out) except -1:
+    cdef bint _batch_fits(self, _Digester d, object batch):
+        """True when ``batch`` is already the cast batch of a one-leaf space:
+        an array of the leaf's dtype and of shape (n,) + the leaf's shape."""
+        cdef cnp.ndarray a
+        cdef int i
+        if d.fast_type < 0 or type(batch) is not np.ndarray:
+            return False
+        a = <cnp.ndarray>batch
+        if cnp.PyArray_TYPE(a) != d.fast_type or not cnp.PyArray_ISNOTSWAPPED(a):
+            return False
+        if cnp.PyArray_NDIM(a) != d.fast_ndim + 1 or cnp.PyArray_DIMS(a)[0] != self.n:
+            return False
+        for i in range(d.fast_ndim):
+            if cnp.PyArray_DIMS(a)[i + 1] != d.fast_shape[i]:
+                return False
+        return True
+
+    cdef int _rows(self, _Digester d, object batch, cnp.ndarray out) except -1:
+        """Digest each env's row of ``batch`` into ``out``; invalid for all if it cannot be cast."""
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
         cdef Py_ssize_t i
+        if self._batch_fits(d, batch):
+            _digest_rows([batch], o, self.n)  # no cast needed: skips the Python layout code
+            return 0
         try:
-            leaves = layout.cast_rows(batch, self.n)
+            leaves = d.layout.cast_rows(batch, self.n)
         except Exception:
             for i in range(self.n):
                 o[i] = C_INVALID
@@ -600,20 +623,33 @@ cdef class VectorRecorder:
         return 0
 
     cdef cnp.ndarray _rewards(self, object rewards):
+        cdef cnp.ndarray rew
         if type(rewards) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>rewards) == cnp.NPY_DOUBLE \
                 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>rewards) \
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>rewards):
-            return <cnp.ndarray>rewards
-        return np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
+            rew = <cnp.ndarray>rewards
+        else:
+            rew = np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
+        if cnp.PyArray_SIZE(rew) != self.n:
+            raise ValueError("expected %d rewards, got %d" % (self.n, cnp.PyArray_SIZE(rew)))
+        return rew
+
+    cdef const uint8_t *_flags(self, object arr, list keep, str what) except NULL:
+        """A bool array of one flag per env, checked for its length."""
+        cdef const uint8_t *p = _bool_data(arr, keep)
+        if cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1]) != self.n:
+            raise ValueError("expected %d values of %s, got %d"
+                             % (self.n, what, cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1])))
+        return p
 
     def ended(self, a, b=None):
         """Indices of the envs where ``a`` or ``b`` is true (b may be None)."""
         cdef list keep = []
-        cdef const uint8_t *pa = _bool_data(a, keep)
+        cdef const uint8_t *pa = self._flags(a, keep, "flags")
         cdef const uint8_t *pb = NULL
         cdef Py_ssize_t i
         if b is not None:
-            pb = _bool_data(b, keep)
+            pb = self._flags(b, keep, "flags")
         out = []
         for i in range(self.n):
             if pa[i] or (pb != NULL and pb[i]):
@@ -630,8 +666,8 @@ cdef class VectorRecorder:
         cdef Py_ssize_t i
         cdef int over = 0
         if mask is not None:
-            pm = _bool_data(mask, keep)
-        self._rows(self.obs_layout, obs, self.last_obs)
+            pm = self._flags(mask, keep, "reset_mask")
+        self._rows(self.obs, obs, self.last_obs)
         for i in range(self.n):
             if pm == NULL or pm[i]:
                 over |= (<StreamBuffer>self.buffers[i]).push(KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
@@ -640,14 +676,14 @@ cdef class VectorRecorder:
 
     def actions(self, actions):
         """Digest the actions sent to the envs, before they are handed over."""
-        self._rows(self.act_layout, actions, self.last_act)
+        self._rows(self.act, actions, self.last_act)
 
     def step_next(self, obs, rewards, terminated, truncated):
         """A vector step under next-step autoreset: an env whose episode ended at
         its previous step is reset now, and its action is not recorded."""
         cdef list keep = []
-        cdef const uint8_t *te = _bool_data(terminated, keep)
-        cdef const uint8_t *tr = _bool_data(truncated, keep)
+        cdef const uint8_t *te = self._flags(terminated, keep, "terminated")
+        cdef const uint8_t *tr = self._flags(truncated, keep, "truncated")
         cdef cnp.ndarray rew = self._rewards(rewards)
         cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
         cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
@@ -656,9 +692,7 @@ cdef class VectorRecorder:
         cdef Py_ssize_t i
         cdef int over = 0
         cdef StreamBuffer buf
-        if cnp.PyArray_DIMS(rew)[0] != self.n:
-            raise ValueError("expected %d rewards" % self.n)
-        self._rows(self.obs_layout, obs, self.last_obs)
+        self._rows(self.obs, obs, self.last_obs)
         for i in range(self.n):
             buf = <StreamBuffer>self.buffers[i]
             if pend[i]:
@@ -686,9 +720,7 @@ cdef class VectorRecorder:
         cdef Py_ssize_t i
         cdef int over = 0
         cdef StreamBuffer buf
-        if cnp.PyArray_DIMS(rew)[0] != self.n:
-            raise ValueError("expected %d rewards" % self.n)
-        self._rows(self.obs_layout, obs, self.last_obs)
+        self._rows(self.obs, obs, self.last_obs)
         for i in range(self.n):
             buf = <StreamBuffer>self.buffers[i]
             if finals and i in finals:

@@ -13,6 +13,7 @@ an unsigned 64-bit little-endian integer, and ``data`` the leaf's bytes in C
 order, little-endian.
 """
 
+import ctypes
 import hashlib
 import operator
 import struct
@@ -129,14 +130,17 @@ def reward_bits(reward, is_f32):
     except Exception:  # not a real number, or too large for a double
         return INVALID_DIGEST
     if is_f32:
-        return int(np.array(value, dtype=np.float64).astype(np.float32).view(np.uint32))
-    return int(np.array(value, dtype=np.float64).view(np.uint64))
+        # a C (float) cast, as the compiled core does: no warning on overflow to inf
+        return ctypes.c_uint32.from_buffer(ctypes.c_float(value)).value
+    return ctypes.c_uint64.from_buffer(ctypes.c_double(value)).value
 
 
 def reward_bits_array(rewards, is_f32):
     rewards = np.asarray(rewards, dtype=np.float64)
     if is_f32:
-        return rewards.astype(np.float32).view(np.uint32).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            rewards = rewards.astype(np.float32)
+        return rewards.view(np.uint32).astype(np.uint64)
     return rewards.view(np.uint64).copy()
 
 
@@ -293,13 +297,30 @@ class VectorRecorder:
             return
         digest_rows(leaves, out)
 
+    def _flags(self, arr, what):
+        """A bool array of one flag per env, checked for its length."""
+        arr = np.asarray(arr, dtype=np.bool_).reshape(-1)
+        if arr.shape[0] != self.n:
+            raise ValueError("expected %d values of %s, got %d" % (self.n, what, arr.shape[0]))
+        return arr
+
+    def _rewards(self, rewards):
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if rewards.shape[0] != self.n:
+            raise ValueError("expected %d rewards, got %d" % (self.n, rewards.shape[0]))
+        return rewards
+
     def ended(self, a, b=None):
-        a = np.asarray(a, dtype=np.bool_)
+        """Indices of the envs where ``a`` or ``b`` is true (b may be None)."""
+        a = self._flags(a, "flags")
         if b is not None:
-            a = a | np.asarray(b, dtype=np.bool_)
+            a = a | self._flags(b, "flags")
         return [int(i) for i in np.flatnonzero(a)]
 
     def reset(self, obs, mask=None):
+        """Record a reset for every env, or for the envs where ``mask`` is true."""
+        if mask is not None:
+            mask = self._flags(mask, "reset_mask")
         self._rows(self.obs_layout, obs, self.last_obs)
         zero = reward_bits(0.0, self.is_f32)
         over = False
@@ -314,11 +335,11 @@ class VectorRecorder:
         self._rows(self.act_layout, actions, self.last_act)
 
     def step_next(self, obs, rewards, terminated, truncated):
-        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        if rewards.shape[0] != self.n:
-            raise ValueError("expected %d rewards" % self.n)
-        terminated = np.asarray(terminated, dtype=np.bool_)
-        truncated = np.asarray(truncated, dtype=np.bool_)
+        """A vector step under next-step autoreset: an env whose episode ended at
+        its previous step is reset now, and its action is not recorded."""
+        terminated = self._flags(terminated, "terminated")
+        truncated = self._flags(truncated, "truncated")
+        rewards = self._rewards(rewards)
         self._rows(self.obs_layout, obs, self.last_obs)
         over = False
         for i in range(self.n):
@@ -334,9 +355,14 @@ class VectorRecorder:
         return over
 
     def step_same(self, obs, rewards, finals):
-        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        if rewards.shape[0] != self.n:
-            raise ValueError("expected %d rewards" % self.n)
+        """A vector step under same-step autoreset (Gymnasium SAME_STEP, SB3).
+
+        ``finals`` maps each env whose episode ended to (final obs digest,
+        terminated, truncated); those envs record the step with the final obs,
+        then a reset with the returned obs. The others record a step with
+        both flags false.
+        """
+        rewards = self._rewards(rewards)
         self._rows(self.obs_layout, obs, self.last_obs)
         zero = reward_bits(0.0, self.is_f32)
         over = False

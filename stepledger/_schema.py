@@ -68,3 +68,13 @@ NO_DIGEST = 0
 ENV_PUREPYTHON = "STEPLEDGER_PUREPYTHON"
 ENV_MEMORY_LIMIT = "STEPLEDGER_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+
+# Live mode: the token LedgerEnv(live=True) attaches to each event's info.
+# Little-endian: version u8, env index u32, event counter u64, episode i64,
+# step i64, kind u8, h_obs u64, h_act u64, h_rew u64, flags u8 (bit 0
+# terminated, bit 1 truncated as stored). 55 bytes, a plain immutable value
+# that Gymnasium's info merging and pickling carry unchanged.
+TOKEN_KEY = "stepledger"
+TOKEN_VERSION = 1
+TOKEN_FORMAT = "<BIQqqBQQQB"
+TOKEN_SIZE = 55

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -209,6 +210,10 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
 
 # ---------------------------------------------------------------- reading
 
+# What zipfile, zlib and numpy's header parser raise on a damaged file.
+_READ_ERRORS = (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+                RuntimeError)
+
 class _ColumnSource:
     """One member of one file: memory-mapped if stored, streamed if compressed."""
 
@@ -224,7 +229,7 @@ class _ColumnSource:
                 else:
                     raise ValueError("npy version %s" % (version,))
                 self.header_len = f.tell()
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib_error()) as exc:
+        except _READ_ERRORS as exc:
             raise LedgerError("%s: member %s is not a readable array (%s)" % (path, name, _short(exc))) from None
         if dtype.hasobject:
             raise LedgerError("%s: member %s holds pickled objects; a ledger never does" % (path, name))
@@ -235,6 +240,9 @@ class _ColumnSource:
         self._cursor = None
         self._pos = 0
         self._offset = None
+        self._crc = None  # running CRC-32 of a stored member read in order from its start
+        self._crc_rows = 0
+        self.verify = True
 
     def _data_offset(self):
         with open(self.path, "rb") as f:
@@ -278,7 +286,7 @@ class _ColumnSource:
                 _skip(self._cursor, (start - self._pos) * row_bytes)
             want = (stop - start) * row_bytes
             data = self._cursor.read(want)
-        except (OSError, EOFError, zipfile.BadZipFile, zlib_error()) as exc:
+        except _READ_ERRORS as exc:
             raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
         if len(data) != want:
             raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
@@ -310,7 +318,31 @@ class _ColumnSource:
             raise LedgerError("%s: member %s cannot be read (%s)" % (self.path, self.name, _short(exc))) from None
         if got != want:
             raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
+        if self.verify:
+            self._check_crc(start, stop, rows, view)
         return out
+
+    def _check_crc(self, start, stop, rows, data):
+        """Check a stored member's CRC-32 when it has been read through in order.
+
+        Deflated members are checked by zipfile; stored ones are read
+        directly, so flipped bytes in a digest column would otherwise go
+        unnoticed. Reads out of order just skip the check.
+        """
+        if start == 0:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset - self.header_len)
+                self._crc = zlib.crc32(f.read(self.header_len))  # the CRC covers the .npy header too
+            self._crc_rows = 0
+        if self._crc is None or start != self._crc_rows:
+            self._crc = None
+            return
+        self._crc = zlib.crc32(data, self._crc)
+        self._crc_rows = stop
+        if stop == rows:
+            crc, self._crc = self._crc, None
+            if crc != self.info.CRC:
+                raise LedgerError("%s: member %s is corrupted (CRC-32 mismatch)" % (self.path, self.name))
 
 
 class Rows:
@@ -335,17 +367,25 @@ class Rows:
         return self.source.read(self.start + a, self.start + max(a, b))
 
 
+def _unreadable_zip(path, exc):
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        magic = b""
+    if magic == b"PK\x03\x04":
+        return "%s: damaged or truncated ledger (%s)" % (path, _short(exc))
+    if not magic:
+        return "%s: empty file, not a ledger" % path
+    return "%s: not a ledger (not an .npz file: %s)" % (path, _short(exc))
+
+
 def _skip(f, nbytes):
     while nbytes > 0:
         got = len(f.read(min(nbytes, 1 << 24)))
         if got == 0:
             raise EOFError("unexpected end of member")
         nbytes -= got
-
-
-def zlib_error():
-    import zlib
-    return zlib.error
 
 
 def _short(exc):
@@ -356,8 +396,9 @@ def _short(exc):
 class LedgerFile:
     """One ledger file (final or spill segment), validated on open."""
 
-    def __init__(self, path):
+    def __init__(self, path, verify=True):
         self.path = path
+        self.verify = verify  # check the CRC of stored members read through in order
         if not os.path.exists(path):
             raise LedgerError("%s: no such file" % path)
         if os.path.isdir(path):
@@ -365,8 +406,19 @@ class LedgerFile:
         try:
             self.zf = zipfile.ZipFile(path)
             infos = {info.filename: info for info in self.zf.infolist()}
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-            raise LedgerError("%s: not a ledger (not a readable .npz: %s)" % (path, _short(exc))) from None
+        except _READ_ERRORS as exc:
+            raise LedgerError(_unreadable_zip(path, exc)) from None
+        try:
+            self._validate(infos)
+        except LedgerError:
+            self.zf.close()
+            raise
+        except Exception as exc:  # anything numpy or zipfile raises on a malformed file
+            self.zf.close()
+            raise LedgerError("%s: not a readable ledger (%s)" % (path, _short(exc))) from None
+
+    def _validate(self, infos):
+        path = self.path
         self.members = {}
         for fname, info in infos.items():
             if fname.endswith(".npy"):
@@ -385,11 +437,19 @@ class LedgerFile:
         if not isinstance(self.meta, dict) or self.meta.get("format") != S.FORMAT_NAME:
             raise LedgerError("%s: not a ledger (meta does not name the stepledger format)" % path)
         version = self.meta.get("format_version")
-        if not isinstance(version, int) or version > S.FORMAT_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise LedgerError("%s: not a ledger (format version %r)" % (path, version))
+        if version > S.FORMAT_VERSION:
             raise LedgerError("%s: format version %s is newer than this stepledger reads (%d); upgrade stepledger"
                               % (path, version, S.FORMAT_VERSION))
-        self.stream_ids = [int(x) for x in np.asarray(self.source(S.STREAM_INDEX_MEMBER).array())]
-        self.offsets = np.asarray(self.source(S.STREAM_OFFSETS_MEMBER).array()).astype(np.int64)
+        ids = np.asarray(self.source(S.STREAM_INDEX_MEMBER).array())
+        offsets = np.asarray(self.source(S.STREAM_OFFSETS_MEMBER).array())
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or offsets.ndim != 1 or offsets.dtype.kind not in "iu":
+            raise LedgerError("%s: env_index and offsets must be 1-d integer arrays" % path)
+        if len(set(ids.tolist())) != len(ids) or (ids.size and ids.min() < 0):
+            raise LedgerError("%s: env_index holds a negative or repeated env index" % path)
+        self.stream_ids = [int(x) for x in ids]
+        self.offsets = offsets.astype(np.int64)
         if self.offsets.shape != (len(self.stream_ids) + 1,) or self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0):
             raise LedgerError("%s: stream offsets are inconsistent" % path)
         total = int(self.offsets[-1])
@@ -406,6 +466,7 @@ class LedgerFile:
             if name not in self.members:
                 raise LedgerError("%s: no member %r" % (self.path, name))
             src = self._sources[name] = _ColumnSource(self.path, self.zf, self.members[name], name)
+            src.verify = self.verify
         return src
 
     def close(self):

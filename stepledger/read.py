@@ -122,9 +122,10 @@ def segment_from_file(path):
 
     The columns are ``ledgerfile.Rows``, read in chunks while the final file
     is written: neither loaded nor memory-mapped, so assembling a long ledger
-    from its segments keeps the process's memory bounded.
+    from its segments keeps the process's memory bounded. The segment was
+    written by this process moments ago, so its CRCs are not checked again.
     """
-    lf = LedgerFile(path)
+    lf = LedgerFile(path, verify=False)
     columns, values = {}, {}
     value_names = [m for m in lf.members if m.startswith("values_")]
     for k, s in enumerate(lf.stream_ids):
@@ -170,7 +171,10 @@ def read(path):
             m = _ENV_FILE.match(entry)
             if m:
                 names.add(entry)
-            elif entry.endswith(".npz.spill") and _ENV_FILE.match(entry[:-6]):
+            elif entry.endswith(".npz.spill") and _ENV_FILE.match(entry[:-6]) \
+                    and _segments(os.path.join(path, entry[:-6])):
+                # an env killed before writing its ledger; one killed before its
+                # first complete segment left nothing to read, and is absent
                 names.add(entry[:-6])
         if not names:
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)

@@ -184,7 +184,7 @@ class Recording:
     def _remove_stale_segments(self):
         """Remove spill segments in this ledger's spill directory that this recording did not write."""
         mine = set(self.segments)
-        for old in glob.glob(os.path.join(spill_dir(self.path), "seg-*.npz")):
+        for old in glob.glob(os.path.join(spill_dir(self.path), "seg-*")):  # also writes cut short
             if old not in mine:
                 try:
                     os.unlink(old)
@@ -201,7 +201,7 @@ class Recording:
             return 0
         if self.n_events() == 0:
             return 0
-        from .read import segment_from_file  # a spilled segment read back, memory-mapped
+        from .read import segment_from_file  # a spilled segment read back in chunks
         opened = [segment_from_file(p) for p in self.segments]
         try:
             segments = [seg for seg, _ in opened] + [self._memory_segment(take=False)]

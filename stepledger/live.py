@@ -1,0 +1,119 @@
+"""Live check: each event's token, sent by the env side in info, checked by the trainer side as it arrives.
+
+``LedgerEnv(..., live=True)`` attaches a token (see ``_schema.TOKEN_FORMAT``)
+to the info of every event: its env index, event counter, episode and step,
+kind, three digests and flags. The trainer-side ledger, with ``live=True``,
+compares each token with its own record of the same event and raises
+``BoundaryFault`` at the first mismatch (or warns, or calls a function), so a
+fault is caught at the step where it happens, not after the run.
+"""
+
+import struct
+import warnings
+
+import numpy as np
+
+from . import _schema as S
+
+_TOKEN = struct.Struct(S.TOKEN_FORMAT)
+assert _TOKEN.size == S.TOKEN_SIZE
+
+
+class BoundaryFault(Exception):
+    """A value changed at the boundary, seen as it happened.
+
+    ``env``, ``episode``, ``step`` (env side's position), ``fields`` (in
+    report order), ``env_values`` and ``trainer_values`` (printed values where
+    known). The message is the comparison report's line for it.
+    """
+
+    def __init__(self, message, env, episode, step, fields, env_values=None, trainer_values=None):
+        super().__init__(message)
+        self.env, self.episode, self.step, self.fields = env, episode, step, tuple(fields)
+        self.env_values = env_values or {}
+        self.trainer_values = trainer_values or {}
+
+
+def pack_token(index, counter, episode, step, kind, h_obs, h_act, h_rew, terminated, truncated):
+    flags = (1 if terminated else 0) | (2 if truncated and not terminated else 0)
+    return _TOKEN.pack(S.TOKEN_VERSION, index, counter, episode, step, kind, h_obs, h_act, h_rew, flags)
+
+
+def unpack_token(token):
+    """(index, counter, episode, step, kind, h_obs, h_act, h_rew, terminated, truncated), or None."""
+    if not isinstance(token, (bytes, bytearray)) or len(token) != S.TOKEN_SIZE:
+        return None
+    version, index, counter, episode, step, kind, h_obs, h_act, h_rew, flags = _TOKEN.unpack(token)
+    if version != S.TOKEN_VERSION:
+        return None
+    return index, counter, episode, step, kind, h_obs, h_act, h_rew, bool(flags & 1), bool(flags & 2)
+
+
+def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
+    """A BoundaryFault for a token that disagrees with the trainer's event, or None.
+
+    ``trainer_event`` is (kind, h_obs, h_act, h_rew, terminated, truncated).
+    """
+    from .compare import EnvDifference, _digest_text, _reward_text
+    parsed = unpack_token(token)
+    if parsed is None:
+        return BoundaryFault("env %d: the live token is damaged (%r)" % (env, token), env, None, None, ("token",))
+    index, counter, episode, step, kind, h_obs, h_act, h_rew, te, tr = parsed
+    if index != env:
+        return BoundaryFault("env %d: received the live token of env %d (episode %d, step %d): envs are mixed up "
+                             "on the way" % (env, index, episode, step), env, episode, step, ("env",))
+    if counter != counter_expected:
+        return BoundaryFault("env %d, episode %d, step %d: events out of order: the env sent its event %d where "
+                             "the trainer expected event %d" % (env, episode, step, counter, counter_expected),
+                             env, episode, step, ("order",))
+    t_kind, t_obs, t_act, t_rew, t_te, t_tr = trainer_event
+    if kind != t_kind:
+        d = EnvDifference(env, "kind", counter, episode, step, ("kind",), {"kind": S.KIND_NAMES.get(kind, str(kind))},
+                          {"kind": S.KIND_NAMES.get(t_kind, str(t_kind))})
+        return BoundaryFault(d.line(), env, episode, step, ("kind",), d.env_values, d.trainer_values)
+    ours = {"action": h_act, "obs": h_obs, "reward": h_rew, "terminated": te, "truncated": tr}
+    theirs = {"action": t_act, "obs": t_obs, "reward": t_rew, "terminated": t_te, "truncated": t_tr}
+    fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
+    if not fields:
+        return None
+    env_values, tr_values = {}, {}
+    for f in fields:
+        if f == "reward":
+            env_values[f], tr_values[f] = _reward_text(ours[f], reward_dtype), _reward_text(theirs[f], reward_dtype)
+        elif f in ("terminated", "truncated"):
+            env_values[f], tr_values[f] = str(bool(ours[f])), str(bool(theirs[f]))
+        else:
+            a, b = _digest_text(ours[f]), _digest_text(theirs[f])
+            if a or b:
+                env_values[f], tr_values[f] = a or "a value", b or "a value"
+    d = EnvDifference(env, "fields", counter, episode, step, fields, env_values, tr_values)
+    return BoundaryFault(d.line(), env, episode, step, fields, env_values, tr_values)
+
+
+def resolve_on_fault(on_fault, owner):
+    if on_fault in ("raise", "warn") or callable(on_fault):
+        return on_fault
+    raise ValueError("%s: on_fault must be 'raise', 'warn' or a callable, got %r" % (owner, on_fault))
+
+
+def deliver(fault, on_fault):
+    """Raise, warn or call, as the wrapper was told."""
+    if on_fault == "raise":
+        raise fault
+    if on_fault == "warn":
+        warnings.warn(str(fault), stacklevel=4)
+    else:
+        on_fault(fault)
+
+
+def token_array(info, key=S.TOKEN_KEY):
+    """The tokens and mask a Gymnasium vector info holds for ``key`` (None if absent)."""
+    if not info or key not in info:
+        return None, None
+    return info[key], info.get("_" + key)
+
+
+def as_object_array(tokens, n):
+    arr = np.empty(n, dtype=object)
+    arr[:] = tokens
+    return arr

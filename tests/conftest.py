@@ -1,0 +1,47 @@
+"""Shared fixtures: running Python in a fresh interpreter with chosen settings."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_python(code, env_vars=None, timeout=120):
+    """Run ``code`` in a new interpreter (tests/ importable); return its stdout.
+
+    STEPLEDGER_* variables of this process are dropped unless given again.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env.update(env_vars or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, "subprocess failed:\n" + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture
+def run_python():
+    return _run_python
+
+
+_CORE_NAMES = ("IMPLEMENTATION", "StreamBuffer", "EventRecorder", "VectorRecorder", "blake2b64", "digest_leaves",
+               "digest_rows", "reward_bits", "reward_bits_array", "first_difference", "set_memory_limit",
+               "memory_limit", "memory_in_use", "account", "set_memory_in_use", "MISSING_DIGEST", "INVALID_DIGEST")
+
+
+@pytest.fixture(params=["cython", "python"])
+def core_impl(request, monkeypatch):
+    """Run a test on the compiled core, then again on the pure-Python one swapped into stepledger.core."""
+    from stepledger import _fallback, core
+    if request.param == "python":
+        limit = core.memory_limit()
+        for name in _CORE_NAMES:
+            monkeypatch.setattr(core, name, getattr(_fallback, name))
+        _fallback.set_memory_limit(limit)
+        _fallback.set_memory_in_use(0)
+    elif core.IMPLEMENTATION != "cython":
+        pytest.skip("the compiled core is not built")
+    return request.param

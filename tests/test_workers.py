@@ -1,0 +1,229 @@
+"""LedgerEnv inside real vector-env workers: AsyncVectorEnv and SB3 SubprocVecEnv,
+under fork, forkserver and spawn; and workers killed with SIGKILL."""
+
+import functools
+import glob
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+from gymnasium import spaces as gs
+from gymnasium.vector import AsyncVectorEnv
+
+import envs_for_tests as E
+from stepledger import LedgerError, read
+from stepledger.spaces import LeafLayout
+
+METHODS = [m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()]
+BOX3 = gs.Box(-1e6, 1e6, shape=(3,), dtype=np.float32)
+LAYOUT = LeafLayout(BOX3)
+
+
+def obs_digest(episode, t):
+    from stepledger import core
+    return core.digest_leaves(LAYOUT.cast(E.obs_value(episode, t)))
+
+
+def expected_kinds(length, n_events, same_step):
+    """Kinds of a CountEnv(length) stream: under next-step autoreset every vector step is one event."""
+    kinds = [0]
+    while len(kinds) < n_events:
+        kinds += [1] * length + [0]
+    return kinds[:n_events]
+
+
+def no_temp_files(directory):
+    return not [p for p in glob.glob(os.path.join(directory, "**", "*"), recursive=True) if ".tmp-" in p]
+
+
+def file_bytes(directory):
+    return {p: open(p, "rb").read() for p in sorted(glob.glob(os.path.join(directory, "*.npz")))}
+
+
+# ---------------------------------------------------------------- normal runs
+
+@pytest.mark.parametrize("method", METHODS)
+def test_async_vector_env(tmp_path, method):
+    directory = str(tmp_path)
+    n, steps = 3, 12
+    fns = [functools.partial(E.make_count_env, i, directory, length=3 + i) for i in range(n)]
+    envs = AsyncVectorEnv(fns, context=method)
+    assert not os.listdir(directory)  # the throwaway env-0 built in this process wrote nothing
+    envs.reset(seed=0)
+    for _ in range(steps):
+        envs.step(np.zeros(n, dtype=np.int64))
+    envs.close()
+    assert sorted(os.listdir(directory)) == ["env-%d.npz" % i for i in range(n)]
+    assert no_temp_files(directory)
+    led = read(directory)
+    assert not led.partial and list(led.streams) == list(range(n))
+    for i in range(n):
+        cols = led.streams[i].columns
+        assert cols["kind"].tolist() == expected_kinds(3 + i, 1 + steps, False)
+        assert cols["h_obs"][0] == obs_digest(0, 0)
+
+    # Build and close the vector env again, recording nothing: the throwaway
+    # env-0 and the workers leave the ledgers as they were.
+    before = file_bytes(directory)
+    AsyncVectorEnv(fns, context=method).close()
+    assert file_bytes(directory) == before
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sb3_subproc_vec_env(tmp_path, method):
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+    directory = str(tmp_path)
+    n, steps = 2, 11
+    fns = [functools.partial(E.make_count_env, i, directory, length=4 + i) for i in range(n)]
+    venv = SubprocVecEnv(fns, start_method=method)
+    venv.reset()
+    for _ in range(steps):
+        venv.step(np.zeros(n, dtype=np.int64))
+    venv.close()
+    assert sorted(os.listdir(directory)) == ["env-%d.npz" % i for i in range(n)]
+    assert no_temp_files(directory)
+    led = read(directory)
+    for i in range(n):
+        length = 4 + i
+        # same-step autoreset: each vector step is a step, plus a reset when the episode ends
+        n_events = 1 + steps + steps // length
+        assert led.streams[i].columns["kind"].tolist() == expected_kinds(length, n_events, True)
+
+
+# ---------------------------------------------------------------- killed workers
+
+def check_killed_ledger(directory, n, max_events):
+    """After SIGKILL: every complete segment is read, nothing half-written loads."""
+    led = read(directory)
+    assert led.partial
+    for i in range(n):
+        path = os.path.join(directory, "env-%d.npz" % i)
+        segs = sorted(glob.glob(path + ".spill/seg-*.npz"))
+        assert segs, "no spilled segment for env %d" % i
+        total = 0
+        for seg in segs:
+            with np.load(seg, allow_pickle=False) as z:  # a segment that exists is complete
+                total += int(z["offsets"][-1])
+                assert z["kind"].shape == (int(z["offsets"][-1]),)
+        stream = led.streams[i]
+        assert len(stream) == total <= max_events
+        cols = stream.columns
+        # the events are the true prefix of what the env gave
+        assert cols["kind"].tolist() == expected_kinds(5, total, False)
+        for k in (0, total - 1):
+            assert cols["h_obs"][k] == obs_digest(int(cols["episode"][k]), int(cols["step"][k]))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_async_worker_killed_leaves_readable_spills(tmp_path, method):
+    directory = str(tmp_path)
+    n, steps = 2, 700
+    fns = [functools.partial(E.make_count_env_spilling, i, directory, 4096, length=5) for i in range(n)]
+    envs = AsyncVectorEnv(fns, context=method)
+    envs.reset()
+    for _ in range(steps):
+        envs.step(np.zeros(n, dtype=np.int64))
+    for p in envs.processes:
+        os.kill(p.pid, signal.SIGKILL)
+    for p in envs.processes:
+        p.join()
+    envs.close(terminate=True)
+    assert not [f for f in os.listdir(directory) if f.endswith(".npz")]  # no final file: never closed
+    check_killed_ledger(directory, n, 1 + steps)
+
+
+def test_sb3_worker_killed_leaves_readable_spills(tmp_path):
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+    directory = str(tmp_path)
+    n, steps = 2, 600
+    fns = [functools.partial(E.make_count_env_spilling, i, directory, 4096, length=5) for i in range(n)]
+    venv = SubprocVecEnv(fns, start_method="fork" if "fork" in METHODS else "spawn")
+    venv.reset()
+    for _ in range(steps):
+        venv.step(np.zeros(n, dtype=np.int64))
+    for p in venv.processes:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    led = read(directory)
+    assert led.partial and sorted(led.streams) == [0, 1]
+    for i in range(n):
+        assert 0 < len(led.streams[i]) <= 1 + steps + steps // 5
+
+
+def record_forever(directory, memory_limit, started):
+    """A worker that records CountEnv steps until it is killed."""
+    env = E.make_count_env_spilling(0, directory, memory_limit, length=5)
+    env.reset()
+    started.set()
+    while True:
+        _, _, term, trunc, _ = env.step(0)
+        if term or trunc:
+            env.reset()
+
+
+def close_big_ledger(directory, started):
+    """A worker that flushes a small ledger, records many more events in memory, then
+    is killed while it writes the final file."""
+    from stepledger import core
+    core.set_memory_limit(1 << 30)
+    env = E.make_count_env(0, directory, length=5)
+    env.reset()
+    for _ in range(9):
+        env.step(0)
+    env.flush()  # the last complete file: 10 events
+    buf = env._recording.buffers[0]
+    for i in range(BIG):
+        buf.append(0 if i % 6 == 0 else 1, i, i, 0, False, False)
+    started.set()
+    env.close()
+    time.sleep(60)
+
+
+BIG = 2_000_000
+
+
+@pytest.mark.parametrize("memory_limit", [4096, 64 * 1024])
+def test_killed_at_any_moment(tmp_path, memory_limit):
+    """Kill a recording worker at random moments, again and again: what is on disk always reads."""
+    ctx = mp.get_context("fork" if "fork" in METHODS else "spawn")
+    rng = random.Random(memory_limit)
+    for attempt in range(4):
+        directory = str(tmp_path / str(attempt))
+        started = ctx.Event()
+        proc = ctx.Process(target=record_forever, args=(directory, memory_limit, started))
+        proc.start()
+        assert started.wait(30)
+        time.sleep(rng.uniform(0.2, 0.8))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        if not glob.glob(os.path.join(directory, "env-0.npz.spill", "seg-*.npz")):
+            continue  # killed before its first segment: nothing to read, and nothing half-written either
+        check_killed_ledger(directory, 1, 10 ** 9)
+
+
+def test_killed_while_writing_the_final_file(tmp_path):
+    ctx = mp.get_context("fork" if "fork" in METHODS else "spawn")
+    results = set()
+    for delay in (0.05, 0.2, 0.4, 3.0):
+        directory = str(tmp_path / str(delay))
+        started = ctx.Event()
+        proc = ctx.Process(target=close_big_ledger, args=(directory, started))
+        proc.start()
+        assert started.wait(60)
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        path = os.path.join(directory, "env-0.npz")
+        n = len(read(path).streams[0])  # the last complete file is always there and whole
+        assert n in (10, 10 + BIG)
+        with np.load(path, allow_pickle=False) as z:
+            assert z["step"].shape == (n,)
+        results.add(n)
+        for tmp in glob.glob(path + ".tmp-*"):  # a write cut short never loads
+            with pytest.raises(LedgerError):
+                read(tmp)
+    assert results == {10, 10 + BIG}
