@@ -140,7 +140,37 @@ def _add_check(sub):
     c.set_defaults(func=_check)
 
 
-_EXTRA_COMMANDS = [_add_demo, _add_check]
+def _episodes(args):
+    from .episodes import check_episodes
+    report = check_episodes(args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol, atol=args.atol)
+    print(report.to_json() if args.json else str(report))
+    return EXIT_OK if report.ok else EXIT_DIFFER
+
+
+def _add_episodes(sub):
+    e = sub.add_parser("episodes", help="check the trainer's episode log against the episodes the envs recorded",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Derive each env's episode returns and lengths from the env-side ledgers "
+                                   "(ENV_DIR/env-N.npz) and check the trainer's episode log against them: SB3's "
+                                   "monitor.csv (VecMonitor or Monitor), the .npz EpisodeLogTap writes, or a CSV "
+                                   "with columns env, r, l. See docs/EPISODES.md.",
+                       epilog="example:\n  stepledger episodes ledger ledger/episodes.npz\n"
+                              "  stepledger episodes ledger logs/monitor.csv\n\n"
+                              "exit codes: 0 the log agrees, 1 it differs, 2 cannot check")
+    e.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
+    e.add_argument("log", help="monitor.csv, a directory of N.monitor.csv, or EpisodeLogTap's .npz")
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.add_argument("--env", type=int, help="the env index of a log that names none (a single Monitor's file)")
+    e.add_argument("--match", choices=("auto", "env", "order", "multiset"), default="auto",
+                   help="how to pair logged and recorded episodes (default: per env if the log knows the env, "
+                        "else in completion order if derivable, else as a multiset)")
+    e.add_argument("--rtol", type=float, default=1e-5,
+                   help="return tolerance relative to the episode's sum of |reward| (default 1e-5)")
+    e.add_argument("--atol", type=float, default=1e-5, help="absolute return tolerance per episode (default 1e-5)")
+    e.set_defaults(func=_episodes)
+
+
+_EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes]
 
 
 def main(argv=None):
