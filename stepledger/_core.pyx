@@ -5,10 +5,11 @@ Same names and results as ``_fallback.py``, which is the readable reference;
 see that module and docs/FORMAT.md for the digest's definition.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.float cimport PyFloat_AsDouble
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject_IsTrue
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
@@ -37,6 +38,8 @@ cdef Py_ssize_t BYTES_PER_EVENT = S.BYTES_PER_EVENT
 cdef uint8_t KIND_RESET = S.KIND_RESET
 cdef uint8_t KIND_STEP = S.KIND_STEP
 cdef uint64_t NO_DIGEST = S.NO_DIGEST
+cdef uint8_t TOKEN_VERSION = S.TOKEN_VERSION
+assert S.TOKEN_SIZE == 55
 
 
 def set_memory_limit(nbytes):
@@ -269,6 +272,14 @@ def reward_bits_array(rewards, is_f32):
     return rewards.view(np.uint64).copy()
 
 
+cdef object _view(void *data, cnp.npy_intp n, int typenum, object owner):
+    cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(1, &n, typenum, data)
+    Py_INCREF(owner)  # the array keeps the buffer alive
+    cnp.PyArray_SetBaseObject(arr, owner)
+    cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
+    return arr
+
+
 cdef class StreamBuffer:
     """Growable columns for one stream of events, 27 bytes an event."""
 
@@ -368,6 +379,21 @@ cdef class StreamBuffer:
             memcpy(cnp.PyArray_DATA(out["truncated"]), self.trunc, n)
         return out
 
+    def views(self):
+        """Read-only arrays over the recorded columns, without a copy.
+
+        They are valid until the buffer next changes (an append, clear or
+        release); spills and final writes use them, so that writing a
+        buffer out does not need memory for a second copy of it.
+        """
+        cdef cnp.npy_intp n = self.size
+        return {"kind": _view(self.kind, n, cnp.NPY_UINT8, self),
+                "h_obs": _view(self.h_obs, n, cnp.NPY_UINT64, self),
+                "h_act": _view(self.h_act, n, cnp.NPY_UINT64, self),
+                "h_rew": _view(self.h_rew, n, cnp.NPY_UINT64, self),
+                "terminated": _view(self.term, n, cnp.NPY_BOOL, self),
+                "truncated": _view(self.trunc, n, cnp.NPY_BOOL, self)}
+
     def clear(self):
         global _used
         _used = max(0, _used - self.size * BYTES_PER_EVENT)
@@ -454,11 +480,19 @@ cdef class _Digester:
         return _digest_leaves(leaves)
 
 
+cdef inline void _put(uint8_t *buf, Py_ssize_t pos, uint64_t v, int nbytes) noexcept:
+    cdef int b
+    for b in range(nbytes):
+        buf[pos + b] = <uint8_t>(v >> (8 * b))
+
+
 cdef class EventRecorder:
     """Records one env's events into a StreamBuffer: the env side's hot path.
 
     ``keep`` is called with the cast leaves of each event when values are
-    kept, else it is None.
+    kept, else it is None. The recorder also knows the last event and its
+    position (event counter, episode, step), from which ``token()`` builds the
+    live-mode token (see ``_schema.TOKEN_FORMAT``).
     """
 
     cdef public StreamBuffer buffer
@@ -468,6 +502,12 @@ cdef class EventRecorder:
     cdef public object keep
     cdef readonly object obs_layout
     cdef readonly object act_layout
+    cdef readonly long long counter
+    cdef readonly long long episode
+    cdef readonly long long step_in_episode
+    cdef uint8_t last_kind
+    cdef uint64_t last_obs, last_act, last_rew
+    cdef bint last_te, last_tr
 
     def __init__(self, StreamBuffer buffer, obs_layout, act_layout, reward_is_f32, keep=None):
         self.buffer = buffer
@@ -477,19 +517,34 @@ cdef class EventRecorder:
         self.act = _Digester(act_layout)
         self.is_f32 = bool(reward_is_f32)
         self.keep = keep
+        self.counter = 0
+        self.episode = -1
+        self.step_in_episode = 0
+
+    cdef inline int _record(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
+                            bint te, bint tr) except -1:
+        cdef int over = self.buffer.push(kind, h_obs, h_act, h_rew, te, tr)
+        self.last_kind, self.last_obs, self.last_act, self.last_rew = kind, h_obs, h_act, h_rew
+        self.last_te, self.last_tr = te, tr and not te
+        self.counter += 1
+        if kind == KIND_RESET:
+            self.episode += 1
+            self.step_in_episode = 0
+        else:
+            self.step_in_episode += 1
+        return over
 
     def reset(self, obs):
         if self.keep is not None:
             return self._keep_event(KIND_RESET, None, obs, 0.0, False, False)
-        return self.buffer.push(KIND_RESET, self.obs.digest(obs), NO_DIGEST,
-                                _bits(0.0, self.is_f32), False, False) == 1
+        return self._record(KIND_RESET, self.obs.digest(obs), NO_DIGEST, _bits(0.0, self.is_f32), False, False) == 1
 
     def step(self, action, obs, reward, terminated, truncated):
         if self.keep is not None:
             return self._keep_event(KIND_STEP, action, obs, reward, terminated, truncated)
-        return self.buffer.push(KIND_STEP, self.obs.digest(obs), self.act.digest(action),
-                                _reward_bits(reward, self.is_f32),
-                                PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
+        return self._record(KIND_STEP, self.obs.digest(obs), self.act.digest(action),
+                            _reward_bits(reward, self.is_f32),
+                            PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
 
     def _keep_event(self, uint8_t kind, action, obs, reward, terminated, truncated):
         # Everything that can raise comes before keep(), so that a failed
@@ -501,7 +556,22 @@ cdef class EventRecorder:
         h_act = NO_DIGEST if kind == KIND_RESET else digest_leaves(act_leaves)
         h_obs = digest_leaves(obs_leaves)
         over = self.keep(obs_leaves, act_leaves)
-        return (self.buffer.push(kind, h_obs, h_act, _reward_bits(reward, self.is_f32), te, tr) == 1) or bool(over)
+        return (self._record(kind, h_obs, h_act, _reward_bits(reward, self.is_f32), te, tr) == 1) or bool(over)
+
+    def token(self, unsigned int index):
+        """The live token of the last event, for env ``index`` (bytes)."""
+        cdef uint8_t buf[55]
+        buf[0] = TOKEN_VERSION
+        _put(buf, 1, index, 4)
+        _put(buf, 5, <uint64_t>(self.counter - 1), 8)
+        _put(buf, 13, <uint64_t>self.episode, 8)
+        _put(buf, 21, <uint64_t>self.step_in_episode, 8)
+        buf[29] = self.last_kind
+        _put(buf, 30, self.last_obs, 8)
+        _put(buf, 38, self.last_act, 8)
+        _put(buf, 46, self.last_rew, 8)
+        buf[54] = (1 if self.last_te else 0) | (2 if self.last_tr else 0)
+        return PyBytes_FromStringAndSize(<char *>buf, 55)
 
 
 def _cast_or_none(layout, value):

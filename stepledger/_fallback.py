@@ -182,6 +182,15 @@ class StreamBuffer:
         """Copies of the recorded columns, keyed by column name."""
         return {name: arr[: self._size].copy() for name, arr in self._cols.items()}
 
+    def views(self):
+        """Read-only views of the recorded columns, valid until the buffer next changes."""
+        out = {}
+        for name, arr in self._cols.items():
+            view = arr[: self._size]
+            view.flags.writeable = False
+            out[name] = view
+        return out
+
     def clear(self):
         _BUDGET["used"] = max(0, _BUDGET["used"] - self._size * S.BYTES_PER_EVENT)
         self._size = 0
@@ -204,7 +213,9 @@ class EventRecorder:
 
     ``obs_layout`` and ``act_layout`` are ``spaces.LeafLayout`` objects; a
     recorder digests values cast to them. ``keep`` is called with the cast
-    leaves of each event when values are kept, else it is None.
+    leaves of each event when values are kept, else it is None. The recorder
+    also knows the last event and its position, from which ``token()``
+    builds the live-mode token.
     """
 
     def __init__(self, buffer, obs_layout, act_layout, reward_is_f32, keep=None):
@@ -213,19 +224,31 @@ class EventRecorder:
         self.act_layout = act_layout
         self.reward_is_f32 = bool(reward_is_f32)
         self.keep = keep
+        self.counter, self.episode, self.step_in_episode = 0, -1, 0
+        self._last = (S.KIND_RESET, 0, 0, 0, False, False)
+
+    def _record(self, kind, h_obs, h_act, h_rew, te, tr):
+        te, tr = bool(te), bool(tr)
+        over = self.buffer.append(kind, h_obs, h_act, h_rew, te, tr)
+        self._last = (kind, h_obs, h_act, h_rew, te, tr and not te)
+        self.counter += 1
+        if kind == S.KIND_RESET:
+            self.episode, self.step_in_episode = self.episode + 1, 0
+        else:
+            self.step_in_episode += 1
+        return over
 
     def reset(self, obs):
         if self.keep is not None:
             return self._keep_event(S.KIND_RESET, None, obs, 0.0, False, False)
-        return self.buffer.append(S.KIND_RESET, _digest_value(self.obs_layout, obs), S.NO_DIGEST,
-                                  reward_bits(0.0, self.reward_is_f32), False, False)
+        return self._record(S.KIND_RESET, _digest_value(self.obs_layout, obs), S.NO_DIGEST,
+                            reward_bits(0.0, self.reward_is_f32), False, False)
 
     def step(self, action, obs, reward, terminated, truncated):
         if self.keep is not None:
             return self._keep_event(S.KIND_STEP, action, obs, reward, terminated, truncated)
-        return self.buffer.append(S.KIND_STEP, _digest_value(self.obs_layout, obs),
-                                  _digest_value(self.act_layout, action),
-                                  reward_bits(reward, self.reward_is_f32), terminated, truncated)
+        return self._record(S.KIND_STEP, _digest_value(self.obs_layout, obs), _digest_value(self.act_layout, action),
+                            reward_bits(reward, self.reward_is_f32), terminated, truncated)
 
     def _keep_event(self, kind, action, obs, reward, terminated, truncated):
         # Everything that can raise comes before keep(), so that a failed
@@ -236,7 +259,13 @@ class EventRecorder:
         h_act = S.NO_DIGEST if kind == S.KIND_RESET else digest_leaves(act_leaves)
         h_obs = digest_leaves(obs_leaves)
         over = self.keep(obs_leaves, act_leaves)
-        return self.buffer.append(kind, h_obs, h_act, reward_bits(reward, self.reward_is_f32), te, tr) or bool(over)
+        return self._record(kind, h_obs, h_act, reward_bits(reward, self.reward_is_f32), te, tr) or bool(over)
+
+    def token(self, index):
+        """The live token of the last event, for env ``index`` (bytes)."""
+        kind, h_obs, h_act, h_rew, te, tr = self._last
+        return struct.pack(S.TOKEN_FORMAT, S.TOKEN_VERSION, index, self.counter - 1, self.episode,
+                           self.step_in_episode, kind, h_obs, h_act, h_rew, (1 if te else 0) | (2 if tr else 0))
 
 
 def _cast_or_none(layout, value):

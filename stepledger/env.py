@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 
 from . import core
+from ._schema import TOKEN_KEY
 from .recording import Recording, check_path, check_reward_dtype, spill_everything
 from .spaces import LeafLayout
 
@@ -43,26 +44,40 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         reward_dtype: np.float32 (default) or np.float64; the same on both sides.
         keep_values: also keep the cast observations and actions, so that a
             report can print both sides' values; the same on both sides.
+        live: attach each event's token to the info it returns, under the key
+            ``"stepledger"``, for a trainer-side ledger with ``live=True`` to
+            check as the run goes. With ``directory=None`` no file is written
+            and memory stays constant.
     """
 
-    def __init__(self, env, directory, index, reward_dtype=np.float32, keep_values=False):
+    def __init__(self, env, directory, index, reward_dtype=np.float32, keep_values=False, live=False):
         gym.utils.RecordConstructorArgs.__init__(self, directory=directory, index=index,
-                                                 reward_dtype=reward_dtype, keep_values=keep_values)
+                                                 reward_dtype=reward_dtype, keep_values=keep_values, live=live)
         gym.Wrapper.__init__(self, env)
-        directory = check_path(directory, "LedgerEnv", "directory")
+        if directory is not None or not live:
+            directory = check_path(directory, "LedgerEnv", "directory")
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
             raise ValueError("LedgerEnv: index must be the env's position in the vector env "
                              "(a non-negative int), got %r" % (index,))
+        if keep_values and directory is None:
+            raise ValueError("LedgerEnv: keep_values=True needs a directory to write the values to")
         dtype = check_reward_dtype(reward_dtype, "LedgerEnv")
         obs_layout = LeafLayout(env.observation_space, "LedgerEnv: observation_space")
         act_layout = LeafLayout(env.action_space, "LedgerEnv: action_space")
-        self.ledger_path = os.path.join(directory, "env-%d.npz" % int(index))
         self.index = int(index)
-        self._recording = Recording(self.ledger_path, "env", [self.index], obs_layout, act_layout,
-                                    dtype, keep_values)
+        self.live = bool(live)
+        if directory is None:
+            # live check only: no file, and a buffer emptied at every event, so memory stays constant
+            self.ledger_path, self._recording = None, None
+            buffer = core.StreamBuffer(16)
+        else:
+            self.ledger_path = os.path.join(directory, "env-%d.npz" % int(index))
+            self._recording = Recording(self.ledger_path, "env", [self.index], obs_layout, act_layout,
+                                        dtype, keep_values)
+            buffer = self._recording.buffers[0]
+        self._buffer = buffer
         keep = self._recording.values[0].append if keep_values else None
-        self._rec = core.EventRecorder(self._recording.buffers[0], obs_layout, act_layout,
-                                       dtype == np.float32, keep)
+        self._rec = core.EventRecorder(buffer, obs_layout, act_layout, dtype == np.float32, keep)
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
@@ -70,6 +85,8 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             over = self._rec.reset(obs)
         except Exception as exc:  # the env's reset never raises because of the ledger
             over = self._failed("reset", exc)
+        if self.live:
+            info = self._with_token(info)
         if over:
             self._spill()
         return obs, info
@@ -86,9 +103,19 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 over = self._rec.step(action, obs, reward, _flag(terminated), _flag(truncated))
             except Exception as exc2:
                 over = self._failed("step", exc2)
+        if self.live:
+            info = self._with_token(info)
         if over:
             self._spill()
         return obs, reward, terminated, truncated, info
+
+    def _with_token(self, info):
+        # A copy: the env's own dict is left as it was (it may reuse it).
+        info = dict(info)
+        info[TOKEN_KEY] = self._rec.token(self.index)
+        if self._recording is None:
+            self._buffer.clear()
+        return info
 
     def _failed(self, what, exc):
         warnings.warn("stepledger: LedgerEnv(index=%d) could not record a %s: %s" % (self.index, what, exc),
@@ -96,6 +123,9 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return False
 
     def _spill(self):
+        if self._recording is None:
+            self._buffer.clear()
+            return
         try:
             spill_everything()
         except Exception as exc:  # e.g. a full disk: keep the events in memory, keep stepping
@@ -104,12 +134,14 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def flush(self):
         """Write the ledger file now; recording goes on."""
-        self._recording.write()
+        if self._recording is not None:
+            self._recording.write()
 
     def close(self):
         """Write the ledger file, then close the inner env."""
         try:
-            self._recording.close()
+            if self._recording is not None:
+                self._recording.close()
         finally:
             super().close()
 

@@ -83,11 +83,11 @@ class ValueStore:
         self.n = n + 1
         return core.account(self.row_bytes)
 
-    def take(self):
-        out = {name: arr[: self.n].copy() for name, arr in self.arrays.items()}
+    def clear(self):
+        """Forget the kept rows (they are on disk) and give their memory back."""
         core.account(-self.row_bytes * self.n)
         self.n = 0
-        return out
+        self.arrays = {name: np.zeros((64,) + arr.shape[1:], arr.dtype) for name, arr in self.arrays.items()}
 
 
 class Recording:
@@ -142,18 +142,14 @@ class Recording:
             meta["segment"] = len(self.segments)
         return meta
 
-    def _memory_segment(self, take):
+    def _memory_segment(self):
+        """The events in memory, as views (valid until the buffers change)."""
         columns, values = {}, {}
         for k, (s, buf) in enumerate(zip(self.stream_ids, self.buffers)):
-            columns[s] = buf.columns()
-            if take:
-                buf.clear()
+            columns[s] = buf.views()
             if self.values:
-                if take:
-                    values[s] = self.values[k].take()
-                else:
-                    store = self.values[k]
-                    values[s] = {name: arr[: store.n] for name, arr in store.arrays.items()}
+                store = self.values[k]
+                values[s] = {name: arr[: store.n] for name, arr in store.arrays.items()}
         return Segment(columns, values)
 
     def _value_specs(self):
@@ -176,8 +172,14 @@ class Recording:
                 os.unlink(self.path)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, "seg-%06d.npz" % len(self.segments))
-        write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment(take=True)],
+        write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
                      self._value_specs(), final=False)
+        # Only now, with the segment safely on disk, are the events let go of (and their pages given back).
+        for buf in self.buffers:
+            buf.release()
+        if self.values:
+            for store in self.values:
+                store.clear()
         self.segments.append(path)
         self._spilled_events += n
 
@@ -204,7 +206,7 @@ class Recording:
         from .read import segment_from_file  # a spilled segment read back in chunks
         opened = [segment_from_file(p) for p in self.segments]
         try:
-            segments = [seg for seg, _ in opened] + [self._memory_segment(take=False)]
+            segments = [seg for seg, _ in opened] + [self._memory_segment()]
             total = write_ledger(self.path, self.meta(), self.stream_ids, segments, self._value_specs())
         finally:
             for _, handle in opened:
@@ -237,7 +239,7 @@ class Recording:
                 b.release()
             if self.values:
                 for v in self.values:
-                    v.take()
+                    v.clear()
             with _LOCK:
                 _OPEN.pop(id(self), None)
 

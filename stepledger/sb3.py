@@ -51,6 +51,15 @@ class LedgerVecEnv(VecEnvWrapper):
         self._actions = None
         self._warned_missing = False
 
+    @property
+    def reset_infos(self):
+        """The inner VecEnv's reset infos: SB3's VecEnvWrapper keeps its own empty list instead."""
+        return self.venv.reset_infos
+
+    @reset_infos.setter
+    def reset_infos(self, value):
+        pass  # VecEnv.__init__ assigns an empty list; the inner VecEnv's list is the one it fills
+
     def reset(self):
         obs = self.venv.reset()
         over = self._rec.reset(obs)
@@ -73,11 +82,12 @@ class LedgerVecEnv(VecEnvWrapper):
         rec = self._rec
         ended = rec.ended(dones)
         finals = {}
-        for i in ended:
+        for i in ended:  # the envs that are done at this step only
             info = infos[i]
             truncated = bool(info.get(_TIME_LIMIT, False))
-            if _TERMINAL_OBS in info:
-                h = rec.digest_obs(info[_TERMINAL_OBS])
+            final = info.get(_TERMINAL_OBS)
+            if final is not None:
+                h = rec.digest_obs(final)
             else:
                 h = core.MISSING_DIGEST
                 self._warn_missing(i)
@@ -110,8 +120,9 @@ class LedgerVecEnv(VecEnvWrapper):
             o = None if orows is None else [r[i] for r in orows]
             a = None if arows is None else [r[i] for r in arows]
             if i in ended:
+                final = infos[i].get(_TERMINAL_OBS)
                 try:
-                    f = self._rec.obs_layout.cast(infos[i][_TERMINAL_OBS])
+                    f = None if final is None else self._rec.obs_layout.cast(final)
                 except Exception:
                     f = None
                 over |= store.append(f, a)

@@ -11,6 +11,35 @@ from .spaces import LeafLayout
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
 
+_ABSENT = object()  # no final observation for this env
+
+
+def final_obs_at(info, i):
+    """``info["final_obs"][i]`` as a SAME_STEP vector env reports it, or _ABSENT.
+
+    Gymnasium (1.1 and later) gives an object array with the mask
+    ``_final_obs``. A vector env whose info merging lacks Gymnasium's special
+    case for final_obs splits a dict observation into a dict of arrays (with
+    ``_key`` masks); that is read key by key. Never raises.
+    """
+    final_obs = info.get("final_obs", _ABSENT) if isinstance(info, dict) else _ABSENT
+    if final_obs is _ABSENT or final_obs is None:
+        return _ABSENT
+    try:
+        mask = info.get("_final_obs")
+        if mask is not None and not mask[i]:
+            return _ABSENT
+        value = _row(final_obs, i)
+    except Exception:
+        return _ABSENT
+    return _ABSENT if value is None else value
+
+
+def _row(batch, i):
+    if isinstance(batch, dict):
+        return {k: _row(v, i) for k, v in batch.items() if not (isinstance(k, str) and k.startswith("_"))}
+    return batch[i]
+
 
 def _mode_name(mode):
     """Normalise an AutoresetMode, its value ('NextStep') or a name ('next_step')."""
@@ -29,13 +58,25 @@ def resolve_autoreset_mode(env, autoreset_mode, owner):
             raise ValueError("%s: autoreset_mode must be 'next_step' or 'same_step' (or an AutoresetMode), "
                              "got %r" % (owner, autoreset_mode))
     else:
-        declared = (getattr(env, "metadata", None) or {}).get("autoreset_mode")
+        metadata = getattr(env, "metadata", None) or {}
+        declared = metadata.get("autoreset_mode")
+        # Gymnasium's own vector envs, directly or behind wrappers that pass their
+        # metadata through. Gymnasium 1.1 to 1.3 write the mode into the sub-env's
+        # metadata dict, often a class attribute shared with every other vector env
+        # of that env class, so the last one built wins there: their own
+        # autoreset_mode attribute is what they do.
+        base = getattr(env, "unwrapped", env)
+        gymnasium_own = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
+        own = isinstance(base, gymnasium_own) and (base is env or metadata is getattr(base, "metadata", None))
+        if own and (declared is not None or type(base) in gymnasium_own) \
+                and getattr(base, "autoreset_mode", None) is not None:
+            declared = base.autoreset_mode
         if declared is not None:
             mode = _mode_name(declared)
             if mode is None:
                 raise ValueError("%s: the vector env declares an unknown autoreset_mode %r; "
                                  "pass autoreset_mode= explicitly" % (owner, declared))
-        elif type(env) in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
+        elif own and type(base) in gymnasium_own:
             mode = NEXT_STEP  # Gymnasium 1.0's own vector envs: always the next step
         else:
             raise ValueError("%s: cannot tell how %s resets its envs (no metadata['autoreset_mode']); pass "
@@ -96,7 +137,11 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
     def reset(self, *, seed=None, options=None):
         mask = None
         if options and options.get("reset_mask") is not None:
-            mask = np.array(options["reset_mask"], dtype=np.bool_)  # the vector env pops the key
+            # Copied now: the vector env pops the key from the caller's dict.
+            mask = np.array(options["reset_mask"], dtype=np.bool_)
+            if mask.shape != (self.num_envs,):
+                raise ValueError("LedgerVectorEnv.reset: options['reset_mask'] must have shape (%d,), got %s"
+                                 % (self.num_envs, mask.shape))
         obs, info = self.env.reset(seed=seed, options=options)
         over = self._rec.reset(obs, mask)
         if self._keep:
@@ -118,16 +163,15 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         else:
             ended = rec.ended(terminated, truncated)
             finals = {}
-            if ended:
-                final_obs = info.get("final_obs")
-                final_mask = info.get("_final_obs")
-                for i in ended:
-                    if final_obs is not None and final_mask is not None and final_mask[i]:
-                        h = rec.digest_obs(final_obs[i])
-                    else:
-                        h = core.MISSING_DIGEST
-                        self._warn_missing(i)
-                    finals[i] = (h, bool(terminated[i]), bool(truncated[i]))
+            # A loop over the envs whose episode ended at this step only.
+            for i in ended:
+                final = final_obs_at(info, i)
+                if final is _ABSENT:
+                    h = core.MISSING_DIGEST
+                    self._warn_missing(i)
+                else:
+                    h = rec.digest_obs(final)
+                finals[i] = (h, bool(terminated[i]), bool(truncated[i]))
             over = rec.step_same(obs, rewards, finals)
             if self._keep:
                 over |= self._keep_same(actions, obs, ended, info)
@@ -181,8 +225,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             o = None if orows is None else [r[i] for r in orows]
             a = None if arows is None else [r[i] for r in arows]
             if i in ended:
-                final = info.get("final_obs")
-                f = self._cast(self._rec.obs_layout, final[i]) if final is not None else None
+                final = final_obs_at(info, i)
+                f = None if final is _ABSENT else self._cast(self._rec.obs_layout, final)
                 over |= store.append(f, a)
                 over |= store.append(o, None)
             else:

@@ -1,0 +1,56 @@
+"""The benchmark scripts run: each one's --quick smoke mode exits 0, prints its
+table and leaves benchmarks/RESULTS.md as it was, so that the scripts cannot rot."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+RESULTS = os.path.join(BENCHMARKS, "RESULTS.md")
+
+
+def results_md():
+    try:
+        with open(RESULTS, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def run_quick(script, tmp_path, *extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env["TMPDIR"] = str(tmp_path)  # what the script writes goes to pytest's directory (MuJoCo logs to the cwd)
+    before = results_md()
+    proc = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), "--quick"] + list(extra),
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=180)
+    assert proc.returncode == 0, "%s --quick failed:\n%s" % (script, proc.stderr[-4000:])
+    assert results_md() == before, "%s --quick modified benchmarks/RESULTS.md" % script
+    return proc.stdout
+
+
+def test_overhead_quick(tmp_path):
+    out = run_quick("overhead.py", tmp_path)
+    assert "## Per-step overhead" in out
+    for config in ("none", "env", "trainer", "both"):
+        assert "\n| %s |" % config in out
+    assert "| 84x84x3 |" in out and "| 224x224x3 |" in out
+
+
+def test_storage_quick(tmp_path):
+    out = run_quick("storage.py", tmp_path, "--tmpdir", str(tmp_path))
+    assert "## Storage" in out
+    assert "| False | 27.0 |" in out and "| True | 43.0 |" in out  # 27 bytes an event, plus 16 of values
+    assert "| stepledger `close()`" in out and "| `stepledger.compare` |" in out
+    assert "| 2,000,000 |" in out  # the last RSS sample of the long run
+    assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "temporary files left behind"
+
+
+def test_training_quick(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    out = run_quick("training.py", tmp_path, "--tmpdir", str(tmp_path))
+    assert "## Training" in out
+    rows = [line for line in out.splitlines() if line.startswith("| Pendulum-v1 |")]
+    assert len(rows) == 1
+    assert "| yes | clean |" in rows[0], "a ledger changed the weights or the ledgers differ:\n" + out
