@@ -66,10 +66,7 @@ def discard(envs, directory):
 def _close_quietly(envs):
     from stepledger import recording
     for rec in list(recording._OPEN.values()):
-        rec.closed = True
-        for b in rec.buffers:
-            b.release()
-        recording._OPEN.pop(id(rec), None)
+        rec.discard()
     envs.close()
 
 

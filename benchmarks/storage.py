@@ -228,12 +228,8 @@ def record(path, pool, events_per_env, samples=0, on_sample=None):
 
 def discard(rec):
     """Drop a recording without writing its final file, and delete its spill files."""
-    from stepledger import recording
     from stepledger.ledgerfile import spill_dir
-    rec.closed = True
-    for b in rec.buffers:
-        b.release()
-    recording._OPEN.pop(id(rec), None)
+    rec.discard()
     shutil.rmtree(spill_dir(rec.path), ignore_errors=True)
 
 

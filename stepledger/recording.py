@@ -218,6 +218,25 @@ class Recording:
             self._remove_stale_segments()
         return total
 
+    def discard(self):
+        """Drop everything recorded, writing nothing (benchmarks, aborted runs)."""
+        if self.pid != os.getpid():
+            return
+        for p in self.segments:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        self.segments = []
+        self.closed = True
+        for b in self.buffers:
+            b.release()
+        if self.values:
+            for v in self.values:
+                v.clear()
+        with _LOCK:
+            _OPEN.pop(id(self), None)
+
     def close(self):
         """Write the final file, remove the spill segments and free the buffers."""
         if self.closed or self.pid != os.getpid():
