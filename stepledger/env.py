@@ -95,7 +95,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs, reward, terminated, truncated, info = self.env.step(action)
         try:
             over = self._rec.step(action, obs, reward, terminated, truncated)
-        except Exception as exc:
+        except Exception:
             # Values that cannot be digested are recorded as invalid inside the
             # recorder; what is left is flags with no truth value (an array).
             # Record them as best we can rather than fail the env's step.

@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 
 from . import _schema as S
-from ._zipwriter import DEFLATE, ZipWriter
+from ._zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter
 from .errors import LedgerError
 
 # How each member is stored: digests of observations and actions do not
@@ -32,7 +32,7 @@ _LEVEL = {
 }
 _VALUES_LEVEL = 1
 CHUNK = 1 << 20  # events per chunk when streaming columns
-_VERIFY_AT_OPEN = 4 << 20  # compressed members up to this size are CRC-checked when a file is opened
+_VERIFY_AT_OPEN = 8 << 20  # compressed members up to this size inflated are CRC-checked on open
 VALUE_CHUNK_BYTES = 8 << 20  # bytes per chunk when streaming kept values
 
 
@@ -205,8 +205,9 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
 # ---------------------------------------------------------------- reading
 
 # What zipfile, zlib and numpy's header parser raise on a damaged file.
-_READ_ERRORS = (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError,
-                RuntimeError)
+_READ_ERRORS = (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError,
+                RuntimeError) + INFLATE_ERRORS
+
 
 class _ColumnSource:
     """One member of one file: memory-mapped if stored, streamed if compressed."""
@@ -273,16 +274,20 @@ class _ColumnSource:
             if self._cursor is None or start < self._pos:
                 if self._cursor is not None:
                     self._cursor.close()
-                self._cursor = self.zf.open(self.info)
+                if self._offset is None:
+                    self._offset = self._data_offset()
+                info = self.info
+                self._cursor = InflateCursor(self.path, self._offset - self.header_len, info.compress_size,
+                                             info.CRC, info.file_size)
                 self._cursor.read(self.header_len)
                 self._pos = 0
             if start > self._pos:
-                _skip(self._cursor, (start - self._pos) * row_bytes)
+                self._cursor.skip((start - self._pos) * row_bytes)
             want = (stop - start) * row_bytes
             data = self._cursor.read(want)
             if (stop == (self.shape[0] if self.shape else 1)) and len(data) == want and self._cursor.read(1):
                 raise LedgerError("%s: member %s holds more data than its header says" % (self.path, self.name))
-            # reading past the last row makes zipfile check the member's CRC
+            # reading past the last row reaches the end of the stream, where its CRC is checked
         except _READ_ERRORS as exc:
             raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
         if len(data) != want:
@@ -377,14 +382,6 @@ def _unreadable_zip(path, exc):
     return "%s: not a ledger (not an .npz file: %s)" % (path, _short(exc))
 
 
-def _skip(f, nbytes):
-    while nbytes > 0:
-        got = len(f.read(min(nbytes, 1 << 24)))
-        if got == 0:
-            raise EOFError("unexpected end of member")
-        nbytes -= got
-
-
 def _short(exc):
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
@@ -457,15 +454,23 @@ class LedgerFile:
                     raise LedgerError("%s: column %s has shape %s and dtype %s, expected (%d,) %s"
                                       % (path, name, src.shape, src.dtype, total, np.dtype(dt)))
         if self.verify:
-            # Small compressed members are read through once, so that zipfile checks their CRC:
-            # a flipped byte can inflate without error, and some members (the position columns)
-            # are never read otherwise. Large ones are checked when they are streamed to the end.
+            # Compressed members that are small once inflated are read through now, so that
+            # their CRC is checked: a flipped byte can inflate without error, and some members
+            # (the position columns) are not read by compare. Larger ones are checked when they
+            # are read to their end.
             for name, info in self.members.items():
-                if info.compress_type != zipfile.ZIP_STORED and info.compress_size <= _VERIFY_AT_OPEN:
+                if info.compress_type != zipfile.ZIP_STORED and info.file_size <= _VERIFY_AT_OPEN:
                     try:
-                        with self.zf.open(info) as f:
-                            while f.read(1 << 20):
-                                pass
+                        src = self.source(name)
+                        if src._offset is None:
+                            src._offset = src._data_offset()
+                        cursor = InflateCursor(path, src._offset - src.header_len, info.compress_size, info.CRC,
+                                               info.file_size)
+                        try:
+                            cursor.skip(info.file_size)
+                            cursor.read(1)
+                        finally:
+                            cursor.close()
                     except _READ_ERRORS as exc:
                         raise LedgerError("%s: member %s is damaged (%s)" % (path, name, _short(exc))) from None
 
@@ -479,4 +484,8 @@ class LedgerFile:
         return src
 
     def close(self):
+        for src in self._sources.values():
+            if src._cursor is not None:
+                src._cursor.close()
+                src._cursor = None
         self.zf.close()
