@@ -11,8 +11,9 @@ from .compare import Report, compare
 from .core import IMPLEMENTATION as CORE
 from .env import LedgerEnv
 from .errors import LedgerError, UnsupportedSpaceError
+from .live import BoundaryFault
 from .read import read
 from .vector import LedgerVectorEnv
 
-__all__ = ["CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "Report", "UnsupportedSpaceError", "__version__",
+__all__ = ["BoundaryFault", "CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "Report", "UnsupportedSpaceError", "__version__",
            "compare", "read"]

@@ -12,7 +12,7 @@ from cpython.object cimport PyObject_IsTrue
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 import numpy as np
@@ -486,6 +486,14 @@ cdef inline void _put(uint8_t *buf, Py_ssize_t pos, uint64_t v, int nbytes) noex
         buf[pos + b] = <uint8_t>(v >> (8 * b))
 
 
+cdef inline uint64_t _get(const uint8_t *buf, Py_ssize_t pos, int nbytes) noexcept:
+    cdef uint64_t v = 0
+    cdef int b
+    for b in range(nbytes):
+        v |= (<uint64_t>buf[pos + b]) << (8 * b)
+    return v
+
+
 cdef class EventRecorder:
     """Records one env's events into a StreamBuffer: the env side's hot path.
 
@@ -640,6 +648,12 @@ cdef class VectorRecorder:
     cdef public cnp.ndarray pending
     cdef public cnp.ndarray last_obs
     cdef public cnp.ndarray last_act
+    # The events of the latest call, per env (at most two: a step, then a
+    # reset), and each env's event counter, for the live check.
+    cdef public cnp.ndarray counts
+    cdef cnp.ndarray ev_count, ev_kind, ev_obs, ev_act, ev_rew, ev_flags
+    # per env: whether a good token has arrived, and the position of the last one
+    cdef public cnp.ndarray token_seen, token_episode, token_step
 
     def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32):
         self.buffers = buffers
@@ -652,6 +666,105 @@ cdef class VectorRecorder:
         self.pending = np.zeros(self.n, dtype=np.bool_)
         self.last_obs = np.zeros(self.n, dtype=np.uint64)
         self.last_act = np.zeros(self.n, dtype=np.uint64)
+        self.counts = np.zeros(self.n, dtype=np.int64)
+        self.ev_count = np.zeros(self.n, dtype=np.uint8)
+        self.ev_kind = np.zeros((self.n, 2), dtype=np.uint8)
+        self.ev_obs = np.zeros((self.n, 2), dtype=np.uint64)
+        self.ev_act = np.zeros((self.n, 2), dtype=np.uint64)
+        self.ev_rew = np.zeros((self.n, 2), dtype=np.uint64)
+        self.ev_flags = np.zeros((self.n, 2), dtype=np.uint8)
+        self.token_seen = np.zeros(self.n, dtype=np.bool_)
+        self.token_episode = np.full(self.n, -1, dtype=np.int64)
+        self.token_step = np.zeros(self.n, dtype=np.int64)
+
+    cdef inline int _push(self, Py_ssize_t i, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
+                          bint te, bint tr) except -1:
+        """Append env i's event to its buffer, and note it as one of this call's events."""
+        cdef Py_ssize_t j = (<uint8_t *>cnp.PyArray_DATA(self.ev_count))[i]
+        cdef Py_ssize_t k = 2 * i + j
+        (<uint8_t *>cnp.PyArray_DATA(self.ev_kind))[k] = kind
+        (<uint64_t *>cnp.PyArray_DATA(self.ev_obs))[k] = h_obs
+        (<uint64_t *>cnp.PyArray_DATA(self.ev_act))[k] = h_act
+        (<uint64_t *>cnp.PyArray_DATA(self.ev_rew))[k] = h_rew
+        (<uint8_t *>cnp.PyArray_DATA(self.ev_flags))[k] = (1 if te else 0) | (2 if tr and not te else 0)
+        (<uint8_t *>cnp.PyArray_DATA(self.ev_count))[i] = j + 1
+        (<int64_t *>cnp.PyArray_DATA(self.counts))[i] += 1
+        return (<StreamBuffer>self.buffers[i]).push(kind, h_obs, h_act, h_rew, te, tr)
+
+    cdef inline void _new_call(self) noexcept:
+        memset(cnp.PyArray_DATA(self.ev_count), 0, self.n)
+
+    def event(self, Py_ssize_t i, Py_ssize_t j):
+        """Env i's j-th event of the latest call: (kind, h_obs, h_act, h_rew, terminated, truncated)."""
+        cdef Py_ssize_t k = 2 * i + j
+        flags = self.ev_flags.reshape(-1)[k]
+        return (int(self.ev_kind.reshape(-1)[k]), int(self.ev_obs.reshape(-1)[k]), int(self.ev_act.reshape(-1)[k]),
+                int(self.ev_rew.reshape(-1)[k]), bool(flags & 1), bool(flags & 2))
+
+    def events_in_call(self, Py_ssize_t i):
+        return int(self.ev_count[i])
+
+    def check(self, single, first=None, second=None):
+        """Check the live tokens of the latest call's events against them.
+
+        An env with one event takes its token from ``single[i]``; an env with
+        two (a step, then a reset) from ``first[i]`` and ``second[i]``. Each
+        source is a sequence of n tokens (None where absent) or None.
+        Returns [(env, j, token or None)] for every event whose token is
+        absent (None) or disagrees; empty when all is well.
+        """
+        cdef Py_ssize_t i, j, c, k
+        cdef const uint8_t *t
+        cdef uint64_t counter
+        cdef bint bad
+        cdef uint8_t *evc = <uint8_t *>cnp.PyArray_DATA(self.ev_count)
+        cdef int64_t *cnt = <int64_t *>cnp.PyArray_DATA(self.counts)
+        cdef uint8_t *ek = <uint8_t *>cnp.PyArray_DATA(self.ev_kind)
+        cdef uint64_t *eo = <uint64_t *>cnp.PyArray_DATA(self.ev_obs)
+        cdef uint64_t *ea = <uint64_t *>cnp.PyArray_DATA(self.ev_act)
+        cdef uint64_t *er = <uint64_t *>cnp.PyArray_DATA(self.ev_rew)
+        cdef uint8_t *ef = <uint8_t *>cnp.PyArray_DATA(self.ev_flags)
+        cdef uint8_t *seen = <uint8_t *>cnp.PyArray_DATA(self.token_seen)
+        cdef int64_t *tep = <int64_t *>cnp.PyArray_DATA(self.token_episode)
+        cdef int64_t *tst = <int64_t *>cnp.PyArray_DATA(self.token_step)
+        problems = []
+        for i in range(self.n):
+            c = evc[i]
+            for j in range(c):
+                src = single if c == 1 else (first if j == 0 else second)
+                tok = None if src is None else src[i]
+                if type(tok) is not bytes or PyBytes_GET_SIZE(tok) != 55:
+                    problems.append((i, j, None if tok is None or type(tok) is not bytes else tok))
+                    continue
+                t = <const uint8_t *>PyBytes_AS_STRING(tok)
+                k = 2 * i + j
+                counter = <uint64_t>(cnt[i] - c + j)
+                bad = (t[0] != TOKEN_VERSION or _get(t, 1, 4) != <uint64_t>i or _get(t, 5, 8) != counter
+                       or t[29] != ek[k] or _get(t, 30, 8) != eo[k] or _get(t, 38, 8) != ea[k]
+                       or _get(t, 46, 8) != er[k] or t[54] != ef[k])
+                if bad:
+                    problems.append((i, j, tok))
+                else:
+                    seen[i] = 1
+                    tep[i] = <int64_t>_get(t, 13, 8)
+                    tst[i] = <int64_t>_get(t, 21, 8)
+        return problems
+
+    def tokens(self, dicts, key, bint pop):
+        """The token under ``key`` in each of n dicts (None where absent), popped if asked."""
+        cdef Py_ssize_t i
+        out = [None] * self.n
+        for i in range(min(self.n, len(dicts))):
+            d = dicts[i]
+            if type(d) is dict:
+                out[i] = (<dict>d).pop(key, None) if pop else (<dict>d).get(key)
+        return out
+
+    def clear_buffers(self):
+        """Empty every stream buffer (live check without files: constant memory)."""
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            (<StreamBuffer>self.buffers[i]).clear()
 
     def digest_obs(self, value):
         return self.obs.digest(value)
@@ -738,9 +851,10 @@ cdef class VectorRecorder:
         if mask is not None:
             pm = self._flags(mask, keep, "reset_mask")
         self._rows(self.obs, obs, self.last_obs)
+        self._new_call()
         for i in range(self.n):
             if pm == NULL or pm[i]:
-                over |= (<StreamBuffer>self.buffers[i]).push(KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
+                over |= self._push(i, KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
                 pend[i] = 0
         return over == 1
 
@@ -761,16 +875,15 @@ cdef class VectorRecorder:
         cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
         cdef Py_ssize_t i
         cdef int over = 0
-        cdef StreamBuffer buf
         self._rows(self.obs, obs, self.last_obs)
+        self._new_call()
         for i in range(self.n):
-            buf = <StreamBuffer>self.buffers[i]
             if pend[i]:
                 ha[i] = NO_DIGEST
-                over |= buf.push(KIND_RESET, ho[i], NO_DIGEST, _bits(pr[i], self.is_f32), te[i], tr[i])
+                over |= self._push(i, KIND_RESET, ho[i], NO_DIGEST, _bits(pr[i], self.is_f32), te[i], tr[i])
                 pend[i] = 0
             else:
-                over |= buf.push(KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), te[i], tr[i])
+                over |= self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), te[i], tr[i])
                 pend[i] = te[i] or tr[i]
         return over == 1
 
@@ -789,14 +902,13 @@ cdef class VectorRecorder:
         cdef uint64_t zero = _bits(0.0, self.is_f32)
         cdef Py_ssize_t i
         cdef int over = 0
-        cdef StreamBuffer buf
         self._rows(self.obs, obs, self.last_obs)
+        self._new_call()
         for i in range(self.n):
-            buf = <StreamBuffer>self.buffers[i]
             if finals and i in finals:
                 h_final, te, tr = finals[i]
-                over |= buf.push(KIND_STEP, h_final, ha[i], _bits(pr[i], self.is_f32), te, tr)
-                over |= buf.push(KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
+                over |= self._push(i, KIND_STEP, h_final, ha[i], _bits(pr[i], self.is_f32), te, tr)
+                over |= self._push(i, KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
             else:
-                over |= buf.push(KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), False, False)
+                over |= self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), False, False)
         return over == 1

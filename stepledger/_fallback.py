@@ -311,6 +311,62 @@ class VectorRecorder:
         self.pending = np.zeros(self.n, dtype=np.bool_)
         self.last_obs = np.zeros(self.n, dtype=np.uint64)
         self.last_act = np.zeros(self.n, dtype=np.uint64)
+        self.counts = np.zeros(self.n, dtype=np.int64)
+        self._events = [[] for _ in range(self.n)]  # this call's events per env, for the live check
+        self.token_seen = np.zeros(self.n, dtype=np.bool_)
+        self.token_episode = np.full(self.n, -1, dtype=np.int64)
+        self.token_step = np.zeros(self.n, dtype=np.int64)
+
+    def _push(self, i, kind, h_obs, h_act, h_rew, te, tr):
+        te, tr = bool(te), bool(tr)
+        self._events[i].append((kind, int(h_obs), int(h_act), int(h_rew), te, tr and not te))
+        self.counts[i] += 1
+        return self.buffers[i].append(kind, h_obs, h_act, h_rew, te, tr)
+
+    def _new_call(self):
+        self._events = [[] for _ in range(self.n)]
+
+    def event(self, i, j):
+        """Env i's j-th event of the latest call: (kind, h_obs, h_act, h_rew, terminated, truncated)."""
+        return self._events[i][j]
+
+    def events_in_call(self, i):
+        return len(self._events[i])
+
+    def check(self, single, first=None, second=None):
+        """Check the live tokens of the latest call's events (see the compiled core)."""
+        problems = []
+        for i in range(self.n):
+            c = len(self._events[i])
+            for j in range(c):
+                src = single if c == 1 else (first if j == 0 else second)
+                tok = None if src is None else src[i]
+                if type(tok) is not bytes or len(tok) != S.TOKEN_SIZE:
+                    problems.append((i, j, tok if type(tok) is bytes else None))
+                    continue
+                version, index, counter, episode, step, kind, h_obs, h_act, h_rew, flags = struct.unpack(
+                    S.TOKEN_FORMAT, tok)
+                ek, eo, ea, er, ete, etr = self._events[i][j]
+                if (version != S.TOKEN_VERSION or index != i or counter != self.counts[i] - c + j or kind != ek
+                        or h_obs != eo or h_act != ea or h_rew != er or flags != ((1 if ete else 0) | (2 if etr else 0))):
+                    problems.append((i, j, tok))
+                else:
+                    self.token_seen[i] = True
+                    self.token_episode[i], self.token_step[i] = episode, step
+        return problems
+
+    def tokens(self, dicts, key, pop):
+        """The token under ``key`` in each of n dicts (None where absent), popped if asked."""
+        out = [None] * self.n
+        for i in range(min(self.n, len(dicts))):
+            d = dicts[i]
+            if type(d) is dict:
+                out[i] = d.pop(key, None) if pop else d.get(key)
+        return out
+
+    def clear_buffers(self):
+        for b in self.buffers:
+            b.clear()
 
     def digest_obs(self, value):
         return _digest_value(self.obs_layout, value)
@@ -351,11 +407,12 @@ class VectorRecorder:
         if mask is not None:
             mask = self._flags(mask, "reset_mask")
         self._rows(self.obs_layout, obs, self.last_obs)
+        self._new_call()
         zero = reward_bits(0.0, self.is_f32)
         over = False
         for i in range(self.n):
             if mask is None or mask[i]:
-                over |= self.buffers[i].append(S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
+                over |= self._push(i, S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
                 self.pending[i] = False
         return over
 
@@ -370,16 +427,17 @@ class VectorRecorder:
         truncated = self._flags(truncated, "truncated")
         rewards = self._rewards(rewards)
         self._rows(self.obs_layout, obs, self.last_obs)
+        self._new_call()
         over = False
         for i in range(self.n):
             bits = reward_bits(rewards[i], self.is_f32)
             te, tr = bool(terminated[i]), bool(truncated[i])
             if self.pending[i]:
                 self.last_act[i] = S.NO_DIGEST
-                over |= self.buffers[i].append(S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, bits, te, tr)
+                over |= self._push(i, S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, bits, te, tr)
                 self.pending[i] = False
             else:
-                over |= self.buffers[i].append(S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, te, tr)
+                over |= self._push(i, S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, te, tr)
                 self.pending[i] = te or tr
         return over
 
@@ -393,14 +451,15 @@ class VectorRecorder:
         """
         rewards = self._rewards(rewards)
         self._rows(self.obs_layout, obs, self.last_obs)
+        self._new_call()
         zero = reward_bits(0.0, self.is_f32)
         over = False
         for i in range(self.n):
             bits = reward_bits(rewards[i], self.is_f32)
             if i in finals:
                 h_final, te, tr = finals[i]
-                over |= self.buffers[i].append(S.KIND_STEP, h_final, int(self.last_act[i]), bits, te, tr)
-                over |= self.buffers[i].append(S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
+                over |= self._push(i, S.KIND_STEP, h_final, int(self.last_act[i]), bits, te, tr)
+                over |= self._push(i, S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
             else:
-                over |= self.buffers[i].append(S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, False, False)
+                over |= self._push(i, S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, False, False)
         return over

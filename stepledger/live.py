@@ -11,8 +11,6 @@ fault is caught at the step where it happens, not after the run.
 import struct
 import warnings
 
-import numpy as np
-
 from . import _schema as S
 
 _TOKEN = struct.Struct(S.TOKEN_FORMAT)
@@ -90,12 +88,6 @@ def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
     return BoundaryFault(d.line(), env, episode, step, fields, env_values, tr_values)
 
 
-def resolve_on_fault(on_fault, owner):
-    if on_fault in ("raise", "warn") or callable(on_fault):
-        return on_fault
-    raise ValueError("%s: on_fault must be 'raise', 'warn' or a callable, got %r" % (owner, on_fault))
-
-
 def deliver(fault, on_fault):
     """Raise, warn or call, as the wrapper was told."""
     if on_fault == "raise":
@@ -106,14 +98,59 @@ def deliver(fault, on_fault):
         on_fault(fault)
 
 
-def token_array(info, key=S.TOKEN_KEY):
-    """The tokens and mask a Gymnasium vector info holds for ``key`` (None if absent)."""
-    if not info or key not in info:
-        return None, None
-    return info[key], info.get("_" + key)
+class LiveCheck:
+    """The trainer side's live check, shared by LedgerVectorEnv and LedgerVecEnv.
+
+    Calls ``recorder.check`` (one call into the core per vector step), warns
+    once per env whose events arrive without a token, and turns a mismatch
+    into a BoundaryFault, delivered as ``on_fault`` says: "raise" (default),
+    "warn", "record" (kept in ``faults`` only; the SB3 callback uses it) or a
+    callable. Every fault is also kept in ``faults``.
+    """
+
+    def __init__(self, recorder, reward_dtype, on_fault, owner):
+        self.rec = recorder
+        self.reward_dtype = reward_dtype
+        self.on_fault = on_fault
+        self.owner = owner
+        self.faults = []
+        self._silent = set()
+
+    def __call__(self, single, first=None, second=None):
+        problems = self.rec.check(single, first, second)
+        if not problems:
+            return
+        pending = []
+        for i, j, token in problems:
+            if token is None and self.rec.token_seen[i]:
+                # tokens were arriving: this event has none, so the env never produced it
+                kind = self.rec.event(i, j)[0]
+                ep, st = int(self.rec.token_episode[i]), int(self.rec.token_step[i])
+                ep, st = (ep + 1, 0) if kind == S.KIND_RESET else (ep, st + 1)
+                pending.append(BoundaryFault(
+                    "env %d, episode %d, step %d: the trainer received a %s the env did not give (no live token: "
+                    "a step skipped and filled in on the way?)" % (i, ep, st, S.KIND_NAMES.get(kind, "event")),
+                    i, ep, st, ("kind",)))
+                continue
+            if token is None:
+                if i not in self._silent:
+                    self._silent.add(i)
+                    warnings.warn("%s: env %d's events arrive without a live token (is LedgerEnv(live=True) "
+                                  "outermost in its worker, and does the bridge carry info?); the live check is "
+                                  "not active for env %d" % (self.owner, i, i), stacklevel=4)
+                continue
+            expected = int(self.rec.counts[i]) - self.rec.events_in_call(i) + j
+            fault = fault_from_event(i, token, self.rec.event(i, j), self.reward_dtype, expected)
+            if fault is not None:
+                pending.append(fault)
+        for fault in pending:
+            self.faults.append(fault)
+        for fault in pending:
+            if self.on_fault != "record":
+                deliver(fault, self.on_fault)
 
 
-def as_object_array(tokens, n):
-    arr = np.empty(n, dtype=object)
-    arr[:] = tokens
-    return arr
+def check_on_fault(on_fault, owner):
+    if on_fault in ("raise", "warn", "record") or callable(on_fault):
+        return on_fault
+    raise ValueError("%s: on_fault must be 'raise', 'warn', 'record' or a callable, got %r" % (owner, on_fault))

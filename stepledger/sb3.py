@@ -8,14 +8,19 @@ import warnings
 import numpy as np
 
 try:
+    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import VecEnvWrapper
 except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
     raise ImportError("stepledger.sb3 needs stable-baselines3: pip install \"plugrl-stepledger[sb3]\" "
                       "(or pip install stable-baselines3)") from exc
 
 from . import core
+from ._schema import TOKEN_KEY
+from .live import BoundaryFault, LiveCheck, check_on_fault
 from .recording import Recording, check_path, check_reward_dtype, spill_everything
 from .spaces import LeafLayout
+
+__all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
 
 _TIME_LIMIT = "TimeLimit.truncated"
 _TERMINAL_OBS = "terminal_observation"
@@ -35,21 +40,54 @@ class LedgerVecEnv(VecEnvWrapper):
     :param path: the trainer ledger file to write.
     :param reward_dtype: np.float32 (default) or np.float64; the same on both sides.
     :param keep_values: also keep observations and actions; the same on both sides.
+    :param live: check each env's live token (from ``LedgerEnv(live=True)``) as it arrives: the step's in
+        ``infos[i]``, the reset's in the VecEnv's ``reset_infos[i]``. With ``path=None`` no file is written.
+    :param on_fault: with live, what a mismatch does: "raise" a BoundaryFault (default), "warn", "record"
+        (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
+    :param keep_tokens: leave the tokens in the infos (by default they are removed).
     """
 
-    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False):
+    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
+                 keep_tokens=False):
         super().__init__(venv)
-        path = check_path(path, "LedgerVecEnv", "path")
+        if path is not None or not live:
+            path = check_path(path, "LedgerVecEnv", "path")
+        if keep_values and path is None:
+            raise ValueError("LedgerVecEnv: keep_values=True needs a path to write the values to")
         dtype = check_reward_dtype(reward_dtype, "LedgerVecEnv")
         obs_layout = LeafLayout(venv.observation_space, "LedgerVecEnv: observation_space")
         act_layout = LeafLayout(venv.action_space, "LedgerVecEnv: action_space")
         self.ledger_path = path
-        self._recording = Recording(path, "trainer", range(venv.num_envs), obs_layout, act_layout, dtype,
-                                    keep_values, {"autoreset_mode": "sb3"})
-        self._rec = core.VectorRecorder(self._recording.buffers, obs_layout, act_layout, dtype == np.float32)
+        if path is None:
+            # live check only: no file; the buffers are emptied at every step, so memory stays constant
+            self._recording = None
+            buffers = [core.StreamBuffer(16) for _ in range(venv.num_envs)]
+        else:
+            self._recording = Recording(path, "trainer", range(venv.num_envs), obs_layout, act_layout, dtype,
+                                        keep_values, {"autoreset_mode": "sb3"})
+            buffers = self._recording.buffers
+        self._rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
         self._keep = keep_values
         self._actions = None
         self._warned_missing = False
+        self.live = bool(live)
+        self._live = LiveCheck(self._rec, dtype.name, check_on_fault(on_fault, "LedgerVecEnv"),
+                               "LedgerVecEnv") if live else None
+        self._pop_tokens = not keep_tokens
+
+    @property
+    def live_faults(self):
+        """The boundary faults the live check has found so far (BoundaryFault objects)."""
+        return self._live.faults if self._live is not None else []
+
+    def set_on_fault(self, on_fault):
+        """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
+        if self._live is not None:
+            self._live.on_fault = check_on_fault(on_fault, "LedgerVecEnv")
+
+    def _inner_reset_infos(self):
+        # the innermost VecEnv fills reset_infos; wrappers in between keep lists of their own
+        return getattr(self.venv, "unwrapped", self.venv).reset_infos
 
     @property
     def reset_infos(self):
@@ -67,8 +105,10 @@ class LedgerVecEnv(VecEnvWrapper):
             rows = self._rows(self._rec.obs_layout, obs)
             for i, store in enumerate(self._recording.values):
                 over |= store.append(None if rows is None else [r[i] for r in rows], None)
-        if over:
-            spill_everything()
+        self._after(over)
+        if self._live is not None:
+            tokens = self._rec.tokens(self._inner_reset_infos(), TOKEN_KEY, self._pop_tokens)
+            self._live(tokens)
         return obs
 
     def step_async(self, actions):
@@ -95,9 +135,18 @@ class LedgerVecEnv(VecEnvWrapper):
         over = rec.step_same(obs, rewards, finals)
         if self._keep:
             over |= self._keep_step(obs, ended, infos)
-        if over:
-            spill_everything()
+        self._after(over)
+        if self._live is not None:
+            steps = rec.tokens(infos, TOKEN_KEY, self._pop_tokens)
+            resets = rec.tokens(self._inner_reset_infos(), TOKEN_KEY, self._pop_tokens) if ended else None
+            self._live(steps, steps, resets)
         return obs, rewards, dones, infos
+
+    def _after(self, over):
+        if self._recording is None:
+            self._rec.clear_buffers()
+        elif over:
+            spill_everything()
 
     def _warn_missing(self, i):
         if not self._warned_missing:
@@ -133,11 +182,54 @@ class LedgerVecEnv(VecEnvWrapper):
 
     def flush(self):
         """Write the trainer ledger now; recording goes on."""
-        self._recording.write()
+        if self._recording is not None:
+            self._recording.write()
 
     def close(self):
         """Write the trainer ledger, then close the VecEnv."""
         try:
-            self._recording.close()
+            if self._recording is not None:
+                self._recording.close()
         finally:
             self.venv.close()
+
+
+class StopOnBoundaryFault(BaseCallback):
+    """Stops ``learn()`` cleanly at the first boundary fault the live check finds.
+
+    The run's LedgerVecEnv must have ``live=True``; the callback makes it
+    keep faults instead of raising them, and ends training after the step
+    where the first one was seen, so the model and logs up to that step can
+    be saved. The fault is in ``callback.fault``.
+
+    Example::
+
+        venv = LedgerVecEnv(SubprocVecEnv(fns), None, live=True)
+        stop = StopOnBoundaryFault()
+        model.learn(1_000_000, callback=stop)
+        if stop.fault:
+            print(stop.fault)  # env 2, episode 14, step 101: reward differs (...)
+    """
+
+    def __init__(self, verbose=0):
+        super().__init__(verbose)
+        self.fault = None
+        self.ledger = None
+
+    def _init_callback(self):
+        env = self.training_env
+        while env is not None and not isinstance(env, LedgerVecEnv):
+            env = getattr(env, "venv", None)
+        if env is None or not env.live:
+            raise ValueError("StopOnBoundaryFault: the model's VecEnv has no LedgerVecEnv(..., live=True) in it")
+        self.ledger = env
+        env.set_on_fault("record")
+
+    def _on_step(self):
+        faults = self.ledger.live_faults
+        if faults:
+            self.fault = faults[0]
+            if self.verbose:
+                print("stepledger: stopping training at a boundary fault: %s" % self.fault)
+            return False
+        return True

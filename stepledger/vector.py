@@ -6,6 +6,8 @@ import gymnasium as gym
 import numpy as np
 
 from . import core
+from ._schema import TOKEN_KEY
+from .live import LiveCheck, check_on_fault
 from .recording import Recording, check_path, check_reward_dtype, spill_everything
 from .spaces import LeafLayout
 
@@ -118,21 +120,48 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         keep_values: also keep observations and actions (costs a Python loop
             over envs per step); the same on both sides.
         autoreset_mode: overrides the mode, for bridges that do not declare it.
+        live: check each env's live token (from ``LedgerEnv(live=True)``) as
+            it arrives; with ``path=None`` no file is written and memory stays
+            constant.
+        on_fault: with live, what a mismatch does: "raise" a BoundaryFault
+            (default), "warn", "record" (only keep it in ``live_faults``), or
+            a callable that receives the BoundaryFault.
+        keep_tokens: leave the tokens in the info (by default they are removed,
+            so training code sees what it would see without stepledger).
     """
 
-    def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None):
+    def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
+                 on_fault="raise", keep_tokens=False):
         super().__init__(env)
-        path = check_path(path, "LedgerVectorEnv", "path")
+        if path is not None or not live:
+            path = check_path(path, "LedgerVectorEnv", "path")
+        if keep_values and path is None:
+            raise ValueError("LedgerVectorEnv: keep_values=True needs a path to write the values to")
         dtype = check_reward_dtype(reward_dtype, "LedgerVectorEnv")
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
         obs_layout = LeafLayout(env.single_observation_space, "LedgerVectorEnv: single_observation_space")
         act_layout = LeafLayout(env.single_action_space, "LedgerVectorEnv: single_action_space")
         self.ledger_path = path
-        self._recording = Recording(path, "trainer", range(env.num_envs), obs_layout, act_layout, dtype,
-                                    keep_values, {"autoreset_mode": self.autoreset_mode})
-        self._rec = core.VectorRecorder(self._recording.buffers, obs_layout, act_layout, dtype == np.float32)
+        if path is None:
+            # live check only: no file; the buffers are emptied at every step, so memory stays constant
+            self._recording = None
+            buffers = [core.StreamBuffer(16) for _ in range(env.num_envs)]
+        else:
+            self._recording = Recording(path, "trainer", range(env.num_envs), obs_layout, act_layout, dtype,
+                                        keep_values, {"autoreset_mode": self.autoreset_mode})
+            buffers = self._recording.buffers
+        self._rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
         self._keep = keep_values
         self._warned_missing = False
+        self.live = bool(live)
+        self._live = LiveCheck(self._rec, dtype.name, check_on_fault(on_fault, "LedgerVectorEnv"),
+                               "LedgerVectorEnv") if live else None
+        self._pop_tokens = not keep_tokens
+
+    @property
+    def live_faults(self):
+        """The boundary faults the live check has found so far (BoundaryFault objects)."""
+        return self._live.faults if self._live is not None else []
 
     def reset(self, *, seed=None, options=None):
         mask = None
@@ -146,8 +175,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         over = self._rec.reset(obs, mask)
         if self._keep:
             over |= self._keep_reset(obs, mask)
-        if over:
-            spill_everything()
+        self._after(over, info, None)
         return obs, info
 
     def step(self, actions):
@@ -160,6 +188,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             over = rec.step_next(obs, rewards, terminated, truncated)
             if self._keep:
                 over |= self._keep_next(actions, obs, was_pending)
+            self._after(over, info, None)
         else:
             ended = rec.ended(terminated, truncated)
             finals = {}
@@ -175,9 +204,26 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             over = rec.step_same(obs, rewards, finals)
             if self._keep:
                 over |= self._keep_same(actions, obs, ended, info)
-        if over:
-            spill_everything()
+            self._after(over, info, info.get("final_info") if ended else None)
         return obs, rewards, terminated, truncated, info
+
+    def _after(self, over, info, final_info):
+        """Spill if over the memory limit; run the live check; drop the tokens from the info."""
+        if self._recording is None:
+            self._rec.clear_buffers()
+        elif over:
+            spill_everything()
+        if self._live is None:
+            return
+        top = info.get(TOKEN_KEY)
+        final = final_info.get(TOKEN_KEY) if isinstance(final_info, dict) else None
+        if self._pop_tokens:
+            info.pop(TOKEN_KEY, None)
+            info.pop("_" + TOKEN_KEY, None)
+            if isinstance(final_info, dict):
+                final_info.pop(TOKEN_KEY, None)
+                final_info.pop("_" + TOKEN_KEY, None)
+        self._live(top, final, top)
 
     def _warn_missing(self, i):
         if not self._warned_missing:
@@ -235,11 +281,13 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     def flush(self):
         """Write the trainer ledger now; recording goes on."""
-        self._recording.write()
+        if self._recording is not None:
+            self._recording.write()
 
     def close(self, **kwargs):
         """Write the trainer ledger, then close the vector env."""
         try:
-            self._recording.close()
+            if self._recording is not None:
+                self._recording.close()
         finally:
             self.env.close(**kwargs)

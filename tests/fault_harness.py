@@ -26,22 +26,23 @@ def env_for(fault):
     return "Pendulum-v1", 9
 
 
-def make_env(i, directory, env_id, limit, fault, dose, seed):
+def make_env(i, directory, env_id, limit, fault, dose, seed, live=False):
     env = gym.make(env_id, max_episode_steps=limit)
-    env = LedgerEnv(env, directory, index=i)
+    env = LedgerEnv(env, directory, index=i, live=live)
     if fault is not None:
         env = FaultyEnv(env, fault, index=i, dose=dose, at=7, target=N_ENVS - 1, seed=seed,
                         record=os.path.join(directory, "fault-%d.json" % i))
     return env
 
 
-def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id=None):
-    """Run the rollout; returns (report, {env: first change}) ."""
+def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id=None, live=False):
+    """Run the rollout; returns (report, {env: first change}), and the live faults if ``live``."""
     default_id, limit = env_for(fault)
     env_id = env_id or default_id
     trainer_side = fault is not None and fault.endswith(":swap")
     env_fault = None if trainer_side else fault
-    fns = [functools.partial(make_env, i, directory, env_id, limit, env_fault, dose, seed) for i in range(N_ENVS)]
+    fns = [functools.partial(make_env, i, directory, env_id, limit, env_fault, dose, seed, live) for i in range(N_ENVS)]
+    live_kw = {"live": True, "on_fault": "record"} if live else {}
     trainer_file = os.path.join(directory, "trainer.npz")
     injector = None
     with warnings.catch_warnings():
@@ -51,7 +52,7 @@ def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id
             venv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="fork")
             if trainer_side:
                 venv = injector = FaultyVectorEnv(venv, fault, dose=dose, at=7, target=N_ENVS - 1, seed=seed)
-            venv = LedgerVectorEnv(venv, trainer_file)
+            venv = LedgerVectorEnv(venv, trainer_file, **live_kw)
             space = venv.single_action_space
         else:
             from stable_baselines3.common.vec_env import SubprocVecEnv
@@ -61,7 +62,7 @@ def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id
             venv = SubprocVecEnv(fns, start_method="fork")
             if trainer_side:
                 venv = injector = FaultyVecEnv(venv, fault, dose=dose, at=7, target=N_ENVS - 1, seed=seed)
-            venv = LedgerVecEnv(venv, trainer_file)
+            venv = LedgerVecEnv(venv, trainer_file, **live_kw)
             space = venv.action_space
         space.seed(seed)
         actions = [np.stack([space.sample() for _ in range(N_ENVS)]) for _ in range(steps)]
@@ -74,6 +75,7 @@ def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id
             for a in actions:
                 venv.step(a)
         finally:
+            live_faults = list(venv.live_faults)
             venv.close()
     if injector is not None:
         firsts = dict(injector.where.by_env)
@@ -83,4 +85,5 @@ def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id
             rec = read_record(os.path.join(directory, "fault-%d.json" % i))
             if rec is not None:
                 firsts[i] = rec
-    return compare(directory, trainer_file), firsts
+    report = compare(directory, trainer_file)
+    return (report, firsts, live_faults) if live else (report, firsts)
