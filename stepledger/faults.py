@@ -169,6 +169,20 @@ def _flat(value):
     return [value]
 
 
+def changed_reward(reward, way, previous, other=None):
+    """The faulty reward, or None when the change would not survive a float32 cast.
+
+    Ledgers keep rewards as float32 by default: a change that vanishes there
+    (a reward within float16 precision of itself, say) is not a fault a
+    trainer could have seen, so the injector waits for the next cell.
+    """
+    new = changed_value(np.float64(reward), way, None if previous is None else np.float64(previous),
+                        other=None if other is None else np.float64(other))
+    if new is None or np.float32(new) == np.float32(reward):
+        return None
+    return new
+
+
 def changed_flags(fault, terminated, truncated):
     """Faulty (terminated, truncated), or None when the fault has no opportunity here."""
     terminated, truncated = bool(terminated), bool(truncated)
@@ -294,7 +308,7 @@ class FaultyEnv(gym.Wrapper):
                     obs = new
             elif self.field == "reward":
                 prev = self._prev[1] if self._prev is not None else None
-                new = changed_value(np.float64(reward), self.way, None if prev is None else np.float64(prev))
+                new = changed_reward(reward, self.way, prev)
                 if new is not None:
                     reward = float(new)
             elif self.field in ("terminated", "truncated"):
@@ -405,9 +419,8 @@ class FaultyVectorEnv(gym.vector.VectorWrapper):
                         finals[i] = new
                         self._hit(i, *pos)
                 elif self.field == "reward":
-                    new = changed_value(np.float64(rewards[i]), self.way,
-                                        None if self._prev_rew[i] is None else np.float64(self._prev_rew[i]),
-                                        other=None if other is None else np.float64(true_rew[other]))
+                    new = changed_reward(rewards[i], self.way, self._prev_rew[i],
+                                         other=None if other is None else true_rew[other])
                     if new is not None:
                         rewards[i] = new
                         self._hit(i, *pos)
@@ -550,9 +563,8 @@ if _VecEnvWrapper is not None:
                         if new is not None:
                             infos[i] = dict(infos[i], terminal_observation=new)
                     elif self.field == "reward":
-                        new = changed_value(np.float64(rewards[i]), self.way,
-                                            None if self._prev_rew[i] is None else np.float64(self._prev_rew[i]),
-                                            other=None if other is None else np.float64(true_rew[other]))
+                        new = changed_reward(rewards[i], self.way, self._prev_rew[i],
+                                             other=None if other is None else true_rew[other])
                         if new is not None:
                             rewards[i] = new
                     elif self.field in ("terminated", "truncated"):

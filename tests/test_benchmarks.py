@@ -54,3 +54,13 @@ def test_training_quick(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("| Pendulum-v1 |")]
     assert len(rows) == 1
     assert "| yes | clean |" in rows[0], "a ledger changed the weights or the ledgers differ:\n" + out
+
+
+def test_detection_quick(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    out = run_quick("detection.py", tmp_path, "--tmpdir", str(tmp_path))
+    assert "## Detection under PPO" in out
+    assert "| obs:f16 | Pendulum-v1 | 1/1 |" in out and "| reward:swap | Pendulum-v1 | 1/1 |" in out, out
+    assert "2 of 2 boundary-fault runs caught and located on Pendulum-v1" in out, out
+    assert "1 of 1 fault-free runs clean on Pendulum-v1." in out, out
+    assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "ledgers left behind"
