@@ -331,7 +331,8 @@ def compare(env_dir, trainer_file, count_all=False):
     cannot be compared: a missing or unreadable ledger, the two sides given
     in the wrong order, or different reward dtypes, spaces or format versions.
     With ``count_all``, also counts per field the events that differ after
-    the first, which tells a one-off fault from a systematic one.
+    the first, which tells a one-off fault from a systematic one. Either
+    argument may be an fsspec URL (``s3://...``), read from a local copy.
     """
     env_ledger = read(env_dir)
     try:
@@ -365,6 +366,11 @@ def compare(env_dir, trainer_file, count_all=False):
             differences.append(d)
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         return Report(envs, differences, partial, hint, count_all)
+    except LedgerError as exc:
+        text = tr_ledger.rename(env_ledger.rename(str(exc)))  # a URL's local copy named by its URL
+        if text != str(exc):
+            raise LedgerError(text) from None
+        raise
     finally:
         env_ledger.close()
         tr_ledger.close()

@@ -1,12 +1,12 @@
 """The env side: ``LedgerEnv``, outermost in the environment's own process."""
 
-import os
 import warnings
 
 import gymnasium as gym
 import numpy as np
 
 from . import core
+from . import storage
 from ._schema import TOKEN_KEY
 from .recording import Recording, check_path, check_reward_dtype, spill_everything
 from .spaces import LeafLayout
@@ -39,7 +39,8 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     Args:
         env: the environment to record.
-        directory: where the ledger file is written.
+        directory: where the ledger file is written: a path, or an fsspec URL
+            (``s3://bucket/run1``, needs the ``remote`` extra; see storage.py).
         index: the env's index in the trainer's vector env (a non-negative int).
         reward_dtype: np.float32 (default) or np.float64; the same on both sides.
         keep_values: also keep the cast observations and actions, so that a
@@ -71,7 +72,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self.ledger_path, self._recording = None, None
             buffer = core.StreamBuffer(16)
         else:
-            self.ledger_path = os.path.join(directory, "env-%d.npz" % int(index))
+            self.ledger_path = storage.join(directory, "env-%d.npz" % int(index))  # a URL stays a URL
             self._recording = Recording(self.ledger_path, "env", [self.index], obs_layout, act_layout,
                                         dtype, keep_values)
             buffer = self._recording.buffers[0]

@@ -1,12 +1,15 @@
 """Reading ledgers: ``read(path)`` for a ledger file, a spilled partial ledger or an env directory."""
 
+import fnmatch
 import glob
 import os
 import re
+import tempfile
 
 import numpy as np
 
 from . import _schema as S
+from . import storage
 from .errors import LedgerError
 from .ledgerfile import CHUNK, LedgerFile, Rows, Segment, positions, spill_dir
 
@@ -87,6 +90,7 @@ class Ledger:
     def __init__(self, path, meta, streams, partial, files):
         self.path, self.meta, self.streams, self.partial = path, meta, streams, partial
         self._files = files
+        self._copy = None  # a URL's local copy: (TemporaryDirectory, local path, URL)
 
     @property
     def side(self):
@@ -98,6 +102,14 @@ class Ledger:
     def close(self):
         for lf in self._files:
             lf.close()
+        if self._copy is not None:
+            self._copy[0].cleanup()
+
+    def rename(self, text):
+        """``text`` (an error message) with the local copy of a URL's ledger named by its URL."""
+        if self._copy is None:
+            return text
+        return text.replace(self._copy[1], self._copy[2])
 
     def __enter__(self):
         return self
@@ -164,7 +176,9 @@ def read(path):
     from its spilled segments, with ``partial`` set. Raises LedgerError with a
     one-line message on anything that is not a readable ledger.
     """
-    path = os.fspath(path)
+    path = storage.local_path(os.fspath(path))
+    if storage.is_remote(path):
+        return _read_url(path)
     if os.path.isdir(path) and not path.endswith(".spill"):
         names = set()
         for entry in os.listdir(path):
@@ -208,3 +222,46 @@ def _read_file(path):
             pieces.setdefault(s, []).append(_Piece(lf, int(lf.offsets[k]), int(lf.offsets[k + 1])))
     streams = {s: Stream(s, ps, meta) for s, ps in sorted(pieces.items())}
     return Ledger(path, meta, streams, partial, files)
+
+
+def _read_url(url):
+    """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
+
+    The copy is removed when the Ledger is closed. Error messages name the URL.
+    """
+    url = url.rstrip("/") if not url.endswith("://") else url
+    tmp = tempfile.TemporaryDirectory(prefix="stepledger-read-")
+    local = tmp.name
+    try:
+        if storage.isdir(url):
+            if url.endswith(".spill"):
+                raise LedgerError("%s: is a directory, not a ledger file" % url)
+            local = os.path.join(tmp.name, "ledger")
+            os.makedirs(local)
+            for name in storage.listdir(url):
+                if _ENV_FILE.match(name):
+                    storage.fetch(storage.join(url, name), os.path.join(local, name))
+                elif name.endswith(".npz.spill") and _ENV_FILE.match(name[:-6]):
+                    _fetch_segments(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
+        else:
+            local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
+            storage.fetch(url, local)
+            _fetch_segments(url, local)
+        ledger = read(local)
+    except LedgerError as exc:
+        tmp.cleanup()
+        raise type(exc)(str(exc).replace(local, url)) from None
+    except BaseException:
+        tmp.cleanup()
+        raise
+    ledger.path = url
+    ledger._copy = (tmp, local, url)
+    return ledger
+
+
+def _fetch_segments(url, local):
+    """Copy the spill segments of the ledger ``url`` (``url.spill/seg-*.npz``) next to its local copy."""
+    directory = spill_dir(url)
+    for name in storage.listdir(directory):
+        if fnmatch.fnmatch(name, "seg-*.npz"):
+            storage.fetch(storage.join(directory, name), os.path.join(spill_dir(local), name))

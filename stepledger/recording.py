@@ -9,6 +9,8 @@ process goes over its memory limit, and the final file on ``write()``,
 import atexit
 import glob
 import os
+import shutil
+import tempfile
 import threading
 import warnings
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from . import _schema as S
 from . import core
+from . import storage
 from .__about__ import __version__
 from .ledgerfile import Segment, spill_dir, values_member, write_ledger
 
@@ -95,6 +98,11 @@ class Recording:
 
     def __init__(self, path, side, stream_ids, obs_layout, act_layout, reward_dtype, keep_values, extra_meta=None):
         self.path = os.fspath(path)
+        # A URL other than file://: files are staged in a local directory, then uploaded (storage.publish).
+        self.remote = storage.is_remote(self.path)
+        if self.remote:
+            _check_remote(self.path)
+        self._stage = None
         self.side = side
         self.stream_ids = [int(i) for i in stream_ids]
         self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
@@ -109,6 +117,7 @@ class Recording:
         self.values = [ValueStore(self.value_members) for _ in self.stream_ids] if self.keep_values else None
         self.extra_meta = dict(extra_meta or {})
         self.segments = []  # paths of the spill segments this recording wrote, in order
+        self._segment_files = []  # the same segments as local files (their staged copies for a URL)
         self.pid = os.getpid()
         self.closed = False
         self._written_events = 0
@@ -168,12 +177,24 @@ class Recording:
             # wrote it: if this process is killed, read() must find this run's
             # segments, not an older run's ledger.
             self._remove_stale_segments()
-            if self._written_events == 0 and os.path.exists(self.path):
+            if self.remote:
+                if self._written_events == 0 and storage.exists(self.path):
+                    storage.remove(self.path)
+            elif self._written_events == 0 and os.path.exists(self.path):
                 os.unlink(self.path)
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, "seg-%06d.npz" % len(self.segments))
-        write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
-                     self._value_specs(), final=False)
+        name = "seg-%06d.npz" % len(self.segments)
+        if self.remote:
+            # Staged locally, kept there to assemble the final file, and uploaded so that a
+            # reader finds this run's events on the storage even if the process is killed.
+            path, local = storage.join(directory, name), os.path.join(self._staging(), name)
+            write_ledger(local, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
+                         self._value_specs(), final=False)
+            storage.publish(local, path, keep=True)
+        else:
+            os.makedirs(directory, exist_ok=True)
+            path = local = os.path.join(directory, name)
+            write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
+                         self._value_specs(), final=False)
         # Only now, with the segment safely on disk, are the events let go of (and their pages given back).
         for buf in self.buffers:
             buf.release()
@@ -181,11 +202,41 @@ class Recording:
             for store in self.values:
                 store.clear()
         self.segments.append(path)
+        self._segment_files.append(local)
         self._spilled_events += n
+
+    def _staging(self):
+        """The local directory where files for a URL are written before they are uploaded."""
+        if self._stage is None:
+            self._stage = tempfile.mkdtemp(prefix="stepledger-stage-")
+        return self._stage
+
+    def _remove_staging(self):
+        if self._stage is not None:
+            shutil.rmtree(self._stage, ignore_errors=True)
+            self._stage = None
+        self._segment_files = []
+
+    def _unlink_segments(self):
+        for p in self.segments:
+            try:
+                storage.remove(p) if self.remote else os.unlink(p)
+            except Exception:
+                pass
 
     def _remove_stale_segments(self):
         """Remove spill segments in this ledger's spill directory that this recording did not write."""
         mine = set(self.segments)
+        if self.remote:
+            directory = spill_dir(self.path)
+            for name in storage.listdir(directory):
+                old = storage.join(directory, name)
+                if name.startswith("seg-") and old not in mine:
+                    try:
+                        storage.remove(old)
+                    except Exception:
+                        pass
+            return
         for old in glob.glob(os.path.join(spill_dir(self.path), "seg-*")):  # also writes cut short
             if old not in mine:
                 try:
@@ -204,13 +255,19 @@ class Recording:
         if self.n_events() == 0:
             return 0
         from .read import segment_from_file  # a spilled segment read back in chunks
-        opened = [segment_from_file(p) for p in self.segments]
+        opened = [segment_from_file(p) for p in self._segment_files]
         try:
             segments = [seg for seg, _ in opened] + [self._memory_segment()]
-            total = write_ledger(self.path, self.meta(), self.stream_ids, segments, self._value_specs())
+            if self.remote:
+                local = os.path.join(self._staging(), "ledger.npz")
+                total = write_ledger(local, self.meta(), self.stream_ids, segments, self._value_specs())
+            else:
+                total = write_ledger(self.path, self.meta(), self.stream_ids, segments, self._value_specs())
         finally:
             for _, handle in opened:
                 handle.close()
+        if self.remote:
+            storage.publish(local, self.path)
         self._written_events = total
         if not self.segments:
             # Segments of an earlier run would hold more events than this file
@@ -222,12 +279,9 @@ class Recording:
         """Drop everything recorded, writing nothing (benchmarks, aborted runs)."""
         if self.pid != os.getpid():
             return
-        for p in self.segments:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        self._unlink_segments()
         self.segments = []
+        self._remove_staging()
         self.closed = True
         for b in self.buffers:
             b.release()
@@ -243,16 +297,23 @@ class Recording:
             return
         try:
             self.write()
-            for p in self.segments:
+            if self.remote:
+                self._unlink_segments()
+                if self.segments:
+                    storage.rmdir(spill_dir(self.path))
+            else:
+                for p in self.segments:
+                    try:
+                        os.unlink(p)
+                    except OSError:
+                        pass
                 try:
-                    os.unlink(p)
+                    os.rmdir(spill_dir(self.path))
                 except OSError:
                     pass
-            try:
-                os.rmdir(spill_dir(self.path))
-            except OSError:
-                pass
         finally:
+            if self.remote:
+                self._remove_staging()
             self.closed = True
             for b in self.buffers:
                 b.release()
@@ -275,6 +336,21 @@ def check_reward_dtype(reward_dtype, owner):
 
 
 def check_path(path, owner, what):
+    """A path as a string: a local path, a file:// URL made local, or another fsspec URL as given."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError("%s: %s must be a path, got %r" % (owner, what, path))
-    return os.fspath(path)
+        raise TypeError("%s: %s must be a path or URL, got %r" % (owner, what, path))
+    return storage.local_path(os.fspath(path))
+
+
+_WARNED_MEMORY = []
+
+
+def _check_remote(url):
+    """One-line error now, not at close, if the URL cannot be used; warn about memory:// in a child process."""
+    storage.check(url)
+    if not _WARNED_MEMORY and storage.protocol(url) == "memory":
+        import multiprocessing
+        if multiprocessing.parent_process() is not None:
+            _WARNED_MEMORY.append(True)
+            warnings.warn("stepledger: %s is in this process's memory only; a ledger written there from a worker "
+                          "process is not visible to the trainer's process" % url, RuntimeWarning, stacklevel=4)

@@ -37,7 +37,7 @@ class LedgerVecEnv(VecEnvWrapper):
     with every env's stream on ``close()``, ``flush()`` and at exit.
 
     :param venv: the VecEnv to record.
-    :param path: the trainer ledger file to write.
+    :param path: the trainer ledger file to write: a path, or an fsspec URL.
     :param reward_dtype: np.float32 (default) or np.float64; the same on both sides.
     :param keep_values: also keep observations and actions; the same on both sides.
     :param live: check each env's live token (from ``LedgerEnv(live=True)``) as it arrives: the step's in

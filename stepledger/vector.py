@@ -115,7 +115,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     Args:
         env: the vector env.
-        path: the trainer ledger file to write.
+        path: the trainer ledger file to write: a path, or an fsspec URL.
         reward_dtype: np.float32 (default) or np.float64; the same on both sides.
         keep_values: also keep observations and actions (costs a Python loop
             over envs per step); the same on both sides.

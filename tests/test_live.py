@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fault_harness import HARNESSES, N_ENVS, rollout
+from fault_harness import HARNESSES, rollout
 from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv
 from stepledger._schema import TOKEN_KEY
 from stepledger.faults import FAULTS, FaultyEnv, reported_fields

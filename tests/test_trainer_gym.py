@@ -6,6 +6,7 @@ difference exactly where the fault is (trainer_envs.assert_differs).
 """
 
 import functools
+import gc
 import os
 import sys
 import warnings
@@ -344,11 +345,19 @@ def _stepledger_calls(fn):
         if event in ("call", "c_call") and frame.f_code.co_filename.startswith(root):
             count[0] += 1
 
+    # Recordings other tests left open count toward this process's memory limit; a spill (or a
+    # garbage collection running finalizers) in the measured step is not what this counts.
+    from stepledger import core
+    limit = core.memory_limit()
+    core.set_memory_limit(1 << 60)
+    gc.disable()
     sys.setprofile(prof)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        gc.enable()
+        core.set_memory_limit(limit)
     return count[0]
 
 
