@@ -281,7 +281,27 @@ class Recording:
             return
         self._unlink_segments()
         self.segments = []
-        self._remove_staging()
+        self._release()
+
+    def close(self):
+        """Write the final file, remove the spill segments and free the buffers."""
+        if self.closed or self.pid != os.getpid():
+            return
+        try:
+            self.write()
+            self._unlink_segments()
+            if self.segments:
+                try:
+                    storage.rmdir(spill_dir(self.path)) if self.remote else os.rmdir(spill_dir(self.path))
+                except Exception:
+                    pass
+        finally:
+            self._release()
+
+    def _release(self):
+        """Closed for good: free the buffers and kept values, drop the staging area, leave the registry."""
+        if self.remote:
+            self._remove_staging()
         self.closed = True
         for b in self.buffers:
             b.release()
@@ -290,39 +310,6 @@ class Recording:
                 v.clear()
         with _LOCK:
             _OPEN.pop(id(self), None)
-
-    def close(self):
-        """Write the final file, remove the spill segments and free the buffers."""
-        if self.closed or self.pid != os.getpid():
-            return
-        try:
-            self.write()
-            if self.remote:
-                self._unlink_segments()
-                if self.segments:
-                    storage.rmdir(spill_dir(self.path))
-            else:
-                for p in self.segments:
-                    try:
-                        os.unlink(p)
-                    except OSError:
-                        pass
-                try:
-                    os.rmdir(spill_dir(self.path))
-                except OSError:
-                    pass
-        finally:
-            if self.remote:
-                self._remove_staging()
-            self.closed = True
-            for b in self.buffers:
-                b.release()
-            if self.values:
-                for v in self.values:
-                    v.clear()
-            with _LOCK:
-                _OPEN.pop(id(self), None)
-
 
 def check_reward_dtype(reward_dtype, owner):
     """The reward dtype as a numpy dtype; float32 or float64, else a one-line error."""
@@ -354,3 +341,46 @@ def _check_remote(url):
             _WARNED_MEMORY.append(True)
             warnings.warn("stepledger: %s is in this process's memory only; a ledger written there from a worker "
                           "process is not visible to the trainer's process" % url, RuntimeWarning, stacklevel=4)
+
+
+class TrainerSide:
+    """What a trainer-side wrapper records with: the Recording (None in live-only mode), the core's
+    VectorRecorder over its streams, and the live check. Shared by LedgerVectorEnv and LedgerVecEnv."""
+
+    def __init__(self, owner, path, n_envs, obs_space, act_space, reward_dtype, keep_values, autoreset_mode,
+                 live, on_fault):
+        from .live import LiveCheck, check_on_fault
+        from .spaces import LeafLayout
+        if path is not None or not live:
+            path = check_path(path, owner, "path")
+        if keep_values and path is None:
+            raise ValueError("%s: keep_values=True needs a path to write the values to" % owner)
+        dtype = check_reward_dtype(reward_dtype, owner)
+        obs_layout = LeafLayout(obs_space, "%s: observation space" % owner)
+        act_layout = LeafLayout(act_space, "%s: action space" % owner)
+        self.path = path
+        if path is None:
+            # live check only: no file; the buffers are emptied at every step, so memory stays constant
+            self.recording = None
+            buffers = [core.StreamBuffer(16) for _ in range(n_envs)]
+        else:
+            self.recording = Recording(path, "trainer", range(n_envs), obs_layout, act_layout, dtype, keep_values,
+                                       {"autoreset_mode": autoreset_mode})
+            buffers = self.recording.buffers
+        self.recorder = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
+        self.live = LiveCheck(self.recorder, dtype.name, check_on_fault(on_fault, owner), owner) if live else None
+
+    def after_step(self, over):
+        """Keep memory bounded after a recorded step: spill if over the limit, or empty the live-only buffers."""
+        if self.recording is None:
+            self.recorder.clear_buffers()
+        elif over:
+            spill_everything()
+
+    def flush(self):
+        if self.recording is not None:
+            self.recording.write()
+
+    def close(self):
+        if self.recording is not None:
+            self.recording.close()

@@ -16,9 +16,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 
 from . import core
 from ._schema import TOKEN_KEY
-from .live import BoundaryFault, LiveCheck, check_on_fault
-from .recording import Recording, check_path, check_reward_dtype, spill_everything
-from .spaces import LeafLayout
+from .live import BoundaryFault, check_on_fault
+from .recording import TrainerSide
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
 
@@ -50,29 +49,14 @@ class LedgerVecEnv(VecEnvWrapper):
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
                  keep_tokens=False):
         super().__init__(venv)
-        if path is not None or not live:
-            path = check_path(path, "LedgerVecEnv", "path")
-        if keep_values and path is None:
-            raise ValueError("LedgerVecEnv: keep_values=True needs a path to write the values to")
-        dtype = check_reward_dtype(reward_dtype, "LedgerVecEnv")
-        obs_layout = LeafLayout(venv.observation_space, "LedgerVecEnv: observation_space")
-        act_layout = LeafLayout(venv.action_space, "LedgerVecEnv: action_space")
-        self.ledger_path = path
-        if path is None:
-            # live check only: no file; the buffers are emptied at every step, so memory stays constant
-            self._recording = None
-            buffers = [core.StreamBuffer(16) for _ in range(venv.num_envs)]
-        else:
-            self._recording = Recording(path, "trainer", range(venv.num_envs), obs_layout, act_layout, dtype,
-                                        keep_values, {"autoreset_mode": "sb3"})
-            buffers = self._recording.buffers
-        self._rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
+        self._side = TrainerSide("LedgerVecEnv", path, venv.num_envs, venv.observation_space, venv.action_space,
+                                 reward_dtype, keep_values, "sb3", live, on_fault)
+        self.ledger_path = self._side.path
+        self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
         self._keep = keep_values
         self._actions = None
         self._warned_missing = False
         self.live = bool(live)
-        self._live = LiveCheck(self._rec, dtype.name, check_on_fault(on_fault, "LedgerVecEnv"),
-                               "LedgerVecEnv") if live else None
         self._pop_tokens = not keep_tokens
 
     @property
@@ -143,10 +127,7 @@ class LedgerVecEnv(VecEnvWrapper):
         return obs, rewards, dones, infos
 
     def _after(self, over):
-        if self._recording is None:
-            self._rec.clear_buffers()
-        elif over:
-            spill_everything()
+        self._side.after_step(over)
 
     def _warn_missing(self, i):
         if not self._warned_missing:
@@ -182,14 +163,12 @@ class LedgerVecEnv(VecEnvWrapper):
 
     def flush(self):
         """Write the trainer ledger now; recording goes on."""
-        if self._recording is not None:
-            self._recording.write()
+        self._side.flush()
 
     def close(self):
         """Write the trainer ledger, then close the VecEnv."""
         try:
-            if self._recording is not None:
-                self._recording.close()
+            self._side.close()
         finally:
             self.venv.close()
 

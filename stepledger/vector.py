@@ -7,9 +7,7 @@ import numpy as np
 
 from . import core
 from ._schema import TOKEN_KEY
-from .live import LiveCheck, check_on_fault
-from .recording import Recording, check_path, check_reward_dtype, spill_everything
-from .spaces import LeafLayout
+from .recording import TrainerSide
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
 
@@ -133,29 +131,15 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
     def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
                  on_fault="raise", keep_tokens=False):
         super().__init__(env)
-        if path is not None or not live:
-            path = check_path(path, "LedgerVectorEnv", "path")
-        if keep_values and path is None:
-            raise ValueError("LedgerVectorEnv: keep_values=True needs a path to write the values to")
-        dtype = check_reward_dtype(reward_dtype, "LedgerVectorEnv")
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
-        obs_layout = LeafLayout(env.single_observation_space, "LedgerVectorEnv: single_observation_space")
-        act_layout = LeafLayout(env.single_action_space, "LedgerVectorEnv: single_action_space")
-        self.ledger_path = path
-        if path is None:
-            # live check only: no file; the buffers are emptied at every step, so memory stays constant
-            self._recording = None
-            buffers = [core.StreamBuffer(16) for _ in range(env.num_envs)]
-        else:
-            self._recording = Recording(path, "trainer", range(env.num_envs), obs_layout, act_layout, dtype,
-                                        keep_values, {"autoreset_mode": self.autoreset_mode})
-            buffers = self._recording.buffers
-        self._rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
+        self._side = TrainerSide("LedgerVectorEnv", path, env.num_envs, env.single_observation_space,
+                                 env.single_action_space, reward_dtype, keep_values, self.autoreset_mode, live,
+                                 on_fault)
+        self.ledger_path = self._side.path
+        self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
         self._keep = keep_values
         self._warned_missing = False
         self.live = bool(live)
-        self._live = LiveCheck(self._rec, dtype.name, check_on_fault(on_fault, "LedgerVectorEnv"),
-                               "LedgerVectorEnv") if live else None
         self._pop_tokens = not keep_tokens
 
     @property
@@ -208,11 +192,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         return obs, rewards, terminated, truncated, info
 
     def _after(self, over, info, final_info):
-        """Spill if over the memory limit; run the live check; drop the tokens from the info."""
-        if self._recording is None:
-            self._rec.clear_buffers()
-        elif over:
-            spill_everything()
+        """Keep memory bounded; run the live check; drop the tokens from the info."""
+        self._side.after_step(over)
         if self._live is None:
             return
         top = info.get(TOKEN_KEY)
@@ -281,13 +262,11 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     def flush(self):
         """Write the trainer ledger now; recording goes on."""
-        if self._recording is not None:
-            self._recording.write()
+        self._side.flush()
 
     def close(self, **kwargs):
         """Write the trainer ledger, then close the vector env."""
         try:
-            if self._recording is not None:
-                self._recording.close()
+            self._side.close()
         finally:
             self.env.close(**kwargs)
