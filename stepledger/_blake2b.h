@@ -206,7 +206,7 @@ SL_X4_ATTR static inline __m256i sl_x4_rotr63(__m256i x) {
         SL_X4_G(3, 4,  9, 14, m[sl_blake2b_sigma[r][14]], m[sl_blake2b_sigma[r][15]]); \
     } while (0)
 
-SL_X4_ATTR static void sl_x4_compress(__m256i h[8], const uint8_t *blocks[4], uint64_t t0, uint64_t t1, int last) {
+SL_X4_ATTR static void sl_x4_compress(__m256i h[8], const uint8_t *blocks[4], __m256i t0, __m256i t1, int last) {
     __m256i v[16], m[16];
     int i;
     /* Load four words of each lane and transpose 4x4, so m[i] holds word i of every lane. */
@@ -226,8 +226,8 @@ SL_X4_ATTR static void sl_x4_compress(__m256i h[8], const uint8_t *blocks[4], ui
         v[i] = h[i];
         v[i + 8] = _mm256_set1_epi64x((long long)sl_blake2b_iv[i]);
     }
-    v[12] = _mm256_xor_si256(v[12], _mm256_set1_epi64x((long long)t0));
-    v[13] = _mm256_xor_si256(v[13], _mm256_set1_epi64x((long long)t1));
+    v[12] = _mm256_xor_si256(v[12], t0);
+    v[13] = _mm256_xor_si256(v[13], t1);
     if (last) v[14] = _mm256_xor_si256(v[14], _mm256_set1_epi64x(-1LL));
     SL_X4_ROUND(0); SL_X4_ROUND(1); SL_X4_ROUND(2); SL_X4_ROUND(3);
     SL_X4_ROUND(4); SL_X4_ROUND(5); SL_X4_ROUND(6); SL_X4_ROUND(7);
@@ -250,7 +250,7 @@ SL_X4_ATTR static void sl_blake2b64_x4(const uint8_t *msg[4], size_t len, uint64
         for (k = 0; k < 4; k++) blocks[k] = msg[k] + off;
         t0 += 128;
         if (t0 < 128) t1++;
-        sl_x4_compress(h, blocks, t0, t1, 0);
+        sl_x4_compress(h, blocks, _mm256_set1_epi64x((long long)t0), _mm256_set1_epi64x((long long)t1), 0);
         off += 128;
     }
     rest = len - off;
@@ -261,7 +261,26 @@ SL_X4_ATTR static void sl_blake2b64_x4(const uint8_t *msg[4], size_t len, uint64
     }
     t0 += rest;
     if (t0 < rest) t1++;
-    sl_x4_compress(h, blocks, t0, t1, 1);
+    sl_x4_compress(h, blocks, _mm256_set1_epi64x((long long)t0), _mm256_set1_epi64x((long long)t1), 1);
+    _mm256_storeu_si256((__m256i *)out, h[0]);
+}
+
+/* 8-byte digests of four messages of at most 128 bytes each, of any lengths: one compression for
+ * all four. The env side digests a step's observation and action together this way. */
+SL_X4_ATTR static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t len[4], uint64_t out[4]) {
+    __m256i h[8];
+    uint8_t tail[4][128];
+    const uint8_t *blocks[4];
+    int i, k;
+    for (i = 0; i < 8; i++) h[i] = _mm256_set1_epi64x((long long)sl_blake2b_iv[i]);
+    h[0] = _mm256_xor_si256(h[0], _mm256_set1_epi64x((long long)(0x01010000ULL ^ 8ULL)));
+    for (k = 0; k < 4; k++) {
+        memset(tail[k], 0, 128);
+        if (len[k]) memcpy(tail[k], msg[k], len[k]);
+        blocks[k] = tail[k];
+    }
+    sl_x4_compress(h, blocks, _mm256_set_epi64x((long long)len[3], (long long)len[2], (long long)len[1],
+                                                (long long)len[0]), _mm256_setzero_si256(), 1);
     _mm256_storeu_si256((__m256i *)out, h[0]);
 }
 
@@ -277,6 +296,9 @@ static int sl_have_avx2(void) {
 #define SL_HAVE_X4 0
 static int sl_have_avx2(void) { return 0; }
 static void sl_blake2b64_x4(const uint8_t *msg[4], size_t len, uint64_t out[4]) {
+    (void)msg; (void)len; (void)out;
+}
+static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t len[4], uint64_t out[4]) {
     (void)msg; (void)len; (void)out;
 }
 #endif
