@@ -111,7 +111,11 @@ def _gym_vector(kind, autoreset):
 
 
 def _sb3_vector(kind):
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    try:
+        from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    except ImportError:
+        raise ImportError("check_boundary: vector=%r needs stable-baselines3: pip install "
+                          "\"plugrl-stepledger[sb3]\"" % kind) from None
 
     def build(fns):
         return DummyVecEnv(fns) if kind == "dummy" else SubprocVecEnv(fns)

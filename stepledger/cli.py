@@ -181,7 +181,7 @@ def main(argv=None):
         return EXIT_CANNOT
     try:
         return args.func(args)
-    except (LedgerError, ValueError) as exc:
+    except (LedgerError, ValueError, ImportError) as exc:
         print("stepledger: %s" % exc, file=sys.stderr)
         return EXIT_CANNOT
     except KeyboardInterrupt:

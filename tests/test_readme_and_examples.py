@@ -82,3 +82,19 @@ def test_check_command_on_a_registered_env(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "clean run: no difference" in proc.stdout
     assert "4 of 4 exercised faults caught and located" in proc.stdout
+
+
+def test_check_names_the_sb3_extra_when_sb3_is_missing(tmp_path):
+    code = r"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "stable_baselines3" or name.startswith("stable_baselines3."):
+            raise ImportError("blocked")
+sys.meta_path.insert(0, Block())
+from stepledger.cli import main
+sys.exit(main(["check", "Pendulum-v1", "--vector", "subproc", "--steps", "5"]))
+"""
+    proc = _run([sys.executable, "-c", code], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "plugrl-stepledger[sb3]" in proc.stderr and "Traceback" not in proc.stderr
