@@ -96,16 +96,6 @@ INVALID_DIGEST = blake2b64(S.INVALID_MESSAGE)
 cdef uint64_t C_INVALID = INVALID_DIGEST
 
 
-def dtype_tag(dtype):
-    dtype = np.dtype(dtype)
-    return ("%s%d" % (dtype.kind, dtype.itemsize)).encode("ascii")
-
-
-def leaf_header(tag, shape):
-    import struct
-    return bytes((len(tag),)) + tag + bytes((len(shape),)) + struct.pack("<%dQ" % len(shape), *shape)
-
-
 cdef inline void _update_header(sl_blake2b_state *st, cnp.ndarray arr, int skip) noexcept:
     """Feed a leaf header for ``arr``'s shape without its first ``skip`` dims."""
     cdef uint8_t buf[4 + 1 + 8 * 64]
@@ -821,9 +811,6 @@ cdef class VectorRecorder:
 
     def digest_obs(self, value):
         return self.obs.digest(value)
-
-    def digest_act(self, value):
-        return self.act.digest(value)
 
     cdef bint _batch_fits(self, _Digester d, object batch):
         """True when ``batch`` is already the cast batch of a one-leaf space:

@@ -371,9 +371,6 @@ class VectorRecorder:
     def digest_obs(self, value):
         return _digest_value(self.obs_layout, value)
 
-    def digest_act(self, value):
-        return _digest_value(self.act_layout, value)
-
     def _rows(self, layout, batch, out):
         try:
             leaves = layout.cast_rows(batch, self.n)

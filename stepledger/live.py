@@ -32,11 +32,6 @@ class BoundaryFault(Exception):
         self.trainer_values = trainer_values or {}
 
 
-def pack_token(index, counter, episode, step, kind, h_obs, h_act, h_rew, terminated, truncated):
-    flags = (1 if terminated else 0) | (2 if truncated and not terminated else 0)
-    return _TOKEN.pack(S.TOKEN_VERSION, index, counter, episode, step, kind, h_obs, h_act, h_rew, flags)
-
-
 def unpack_token(token):
     """(index, counter, episode, step, kind, h_obs, h_act, h_rew, terminated, truncated), or None."""
     if not isinstance(token, (bytes, bytearray)) or len(token) != S.TOKEN_SIZE:
