@@ -398,6 +398,17 @@ cdef class StreamBuffer:
             self._grow(1024)
 
 
+cdef inline void _int64_message(int64_t iv, uint8_t *buf) noexcept:
+    """The 12-byte message of an int64 scalar leaf: tag "i8", ndim 0, then its 8 bytes."""
+    cdef int b
+    buf[0] = 2
+    buf[1] = 105  # 'i'
+    buf[2] = 56   # '8'
+    buf[3] = 0
+    for b in range(8):
+        buf[4 + b] = <uint8_t>((<uint64_t>iv) >> (8 * b))
+
+
 cdef class _Digester:
     """Digests single values of one LeafLayout, with a fast path for lone leaves."""
 
@@ -440,7 +451,6 @@ cdef class _Digester:
         cdef cnp.ndarray a
         cdef Py_ssize_t nbytes, pos
         cdef int64_t iv
-        cdef int b
         if self.fast_type >= 0 and self._fits(value):
             a = <cnp.ndarray>value
             nbytes = cnp.PyArray_NBYTES(a)
@@ -454,12 +464,7 @@ cdef class _Digester:
                 iv = PyLong_AsLongLong(value)
             except OverflowError:
                 return -1
-            buf[0] = 2
-            buf[1] = 105  # 'i'
-            buf[2] = 56   # '8'
-            buf[3] = 0
-            for b in range(8):
-                buf[4 + b] = <uint8_t>((<uint64_t>iv) >> (8 * b))
+            _int64_message(iv, buf)
             return 12
         return -1
 
@@ -468,7 +473,6 @@ cdef class _Digester:
         cdef cnp.ndarray a
         cdef int64_t iv
         cdef uint8_t buf[13]
-        cdef int b
         if self.fast_type >= 0 and self._fits(value):
             a = <cnp.ndarray>value
             sl_blake2b_init(&st, 8)
@@ -481,13 +485,7 @@ cdef class _Digester:
             except OverflowError:
                 # out of int64: cast() decides (an np.uint64 wraps, an int is invalid)
                 return self._digest_cast(value)
-            # leaf header of an int64 scalar: tag "i8", ndim 0, then 8 data bytes
-            buf[0] = 2
-            buf[1] = 105  # 'i'
-            buf[2] = 56   # '8'
-            buf[3] = 0
-            for b in range(8):
-                buf[4 + b] = <uint8_t>((<uint64_t>iv) >> (8 * b))
+            _int64_message(iv, buf)
             sl_blake2b_init(&st, 8)
             sl_blake2b_update(&st, buf, 12)
             return sl_blake2b_final64(&st)
