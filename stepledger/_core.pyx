@@ -535,6 +535,12 @@ cdef class EventRecorder:
     cdef uint8_t last_kind
     cdef uint64_t last_obs, last_act, last_rew
     cdef bint last_te, last_tr
+    # The action of the step under way, taken before the env could touch it: its whole
+    # message when small (digested later together with the obs), else its digest.
+    cdef uint8_t act_msg[128]
+    cdef Py_ssize_t act_len
+    cdef uint64_t act_digest
+    cdef object act_leaves
 
     def __init__(self, StreamBuffer buffer, obs_layout, act_layout, reward_is_f32, keep=None):
         self.buffer = buffer
@@ -566,42 +572,64 @@ cdef class EventRecorder:
             return self._keep_event(KIND_RESET, None, obs, 0.0, False, False)
         return self._record(KIND_RESET, self.obs.digest(obs), NO_DIGEST, _bits(0.0, self.is_f32), False, False) == 1
 
-    def step(self, action, obs, reward, terminated, truncated):
+    def take_action(self, action):
+        """Note the action of the step under way as the env receives it, before the env (which
+        may change its array in place) sees it. step_taken() then records the step."""
+        if self.keep is not None:
+            leaves = _cast_or_none(self.act_layout, action)
+            self.act_leaves = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
+            return
+        self.act_len = self.act.small_message(action, self.act_msg) if _HAVE_AVX2 else -1
+        if self.act_len < 0:
+            self.act_digest = self.act.digest(action)
+
+    def step_taken(self, obs, reward, terminated, truncated):
+        """Record the step whose action take_action() noted."""
         cdef uint8_t mo[128]
-        cdef uint8_t ma[128]
         cdef const uint8_t *msgs[4]
         cdef size_t lens[4]
         cdef uint64_t out[4]
-        cdef Py_ssize_t lo, la
+        cdef Py_ssize_t lo
         if self.keep is not None:
-            return self._keep_event(KIND_STEP, action, obs, reward, terminated, truncated)
-        if _HAVE_AVX2:
-            # Small observation and action: both digests in one four-lane compression.
+            return self._keep_event(KIND_STEP, self.act_leaves, obs, reward, terminated, truncated, True)
+        if self.act_len >= 0:
+            # a small action: digested with a small observation in one four-lane compression
             lo = self.obs.small_message(obs, mo)
-            la = self.act.small_message(action, ma) if lo >= 0 else -1
-            if la >= 0:
+            if lo >= 0:
                 msgs[0] = mo
-                msgs[1] = ma
-                msgs[2] = mo
-                msgs[3] = ma
                 lens[0] = lo
-                lens[1] = la
-                lens[2] = lo
-                lens[3] = la
-                sl_blake2b64_x4_small(msgs, lens, out)
-                return self._record(KIND_STEP, out[0], out[1], _reward_bits(reward, self.is_f32),
-                                    PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
-        return self._record(KIND_STEP, self.obs.digest(obs), self.act.digest(action),
-                            _reward_bits(reward, self.is_f32),
+            else:  # a large observation: the lane is unused
+                msgs[0] = &self.act_msg[0]
+                lens[0] = self.act_len
+            msgs[1] = &self.act_msg[0]
+            msgs[2] = msgs[0]
+            msgs[3] = &self.act_msg[0]
+            lens[1] = self.act_len
+            lens[2] = lens[0]
+            lens[3] = self.act_len
+            sl_blake2b64_x4_small(msgs, lens, out)
+            return self._record(KIND_STEP, out[0] if lo >= 0 else self.obs.digest(obs), out[1],
+                                _reward_bits(reward, self.is_f32),
+                                PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
+        return self._record(KIND_STEP, self.obs.digest(obs), self.act_digest, _reward_bits(reward, self.is_f32),
                             PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
 
-    def _keep_event(self, uint8_t kind, action, obs, reward, terminated, truncated):
+    def step(self, action, obs, reward, terminated, truncated):
+        """Record a step whose action is still as the env received it."""
+        self.take_action(action)
+        return self.step_taken(obs, reward, terminated, truncated)
+
+    def _keep_event(self, uint8_t kind, action, obs, reward, terminated, truncated, bint action_cast=False):
         # Everything that can raise comes before keep(), so that a failed
-        # event leaves kept values and events aligned.
+        # event leaves kept values and events aligned. ``action_cast``: the
+        # action is already its cast leaves (copied by take_action()).
         cdef bint te = PyObject_IsTrue(terminated)
         cdef bint tr = PyObject_IsTrue(truncated)
         obs_leaves = _cast_or_none(self.obs_layout, obs)
-        act_leaves = None if kind == KIND_RESET else _cast_or_none(self.act_layout, action)
+        if kind == KIND_RESET:
+            act_leaves = None
+        else:
+            act_leaves = action if action_cast else _cast_or_none(self.act_layout, action)
         h_act = NO_DIGEST if kind == KIND_RESET else digest_leaves(act_leaves)
         h_obs = digest_leaves(obs_leaves)
         over = self.keep(obs_leaves, act_leaves)

@@ -244,18 +244,37 @@ class EventRecorder:
         return self._record(S.KIND_RESET, _digest_value(self.obs_layout, obs), S.NO_DIGEST,
                             reward_bits(0.0, self.reward_is_f32), False, False)
 
-    def step(self, action, obs, reward, terminated, truncated):
+    def take_action(self, action):
+        """Note the action of the step under way as the env receives it, before the env (which
+        may change its array in place) sees it. step_taken() then records the step."""
         if self.keep is not None:
-            return self._keep_event(S.KIND_STEP, action, obs, reward, terminated, truncated)
-        return self._record(S.KIND_STEP, _digest_value(self.obs_layout, obs), _digest_value(self.act_layout, action),
+            leaves = _cast_or_none(self.act_layout, action)
+            self._act = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
+        else:
+            self._act = _digest_value(self.act_layout, action)
+
+    def step_taken(self, obs, reward, terminated, truncated):
+        """Record the step whose action take_action() noted."""
+        if self.keep is not None:
+            return self._keep_event(S.KIND_STEP, self._act, obs, reward, terminated, truncated, action_cast=True)
+        return self._record(S.KIND_STEP, _digest_value(self.obs_layout, obs), self._act,
                             reward_bits(reward, self.reward_is_f32), terminated, truncated)
 
-    def _keep_event(self, kind, action, obs, reward, terminated, truncated):
+    def step(self, action, obs, reward, terminated, truncated):
+        """Record a step whose action is still as the env received it."""
+        self.take_action(action)
+        return self.step_taken(obs, reward, terminated, truncated)
+
+    def _keep_event(self, kind, action, obs, reward, terminated, truncated, action_cast=False):
         # Everything that can raise comes before keep(), so that a failed
-        # event leaves kept values and events aligned.
+        # event leaves kept values and events aligned. ``action_cast``: the
+        # action is already its cast leaves (copied by take_action()).
         te, tr = bool(terminated), bool(truncated)
         obs_leaves = _cast_or_none(self.obs_layout, obs)
-        act_leaves = None if kind == S.KIND_RESET else _cast_or_none(self.act_layout, action)
+        if kind == S.KIND_RESET:
+            act_leaves = None
+        else:
+            act_leaves = action if action_cast else _cast_or_none(self.act_layout, action)
         h_act = S.NO_DIGEST if kind == S.KIND_RESET else digest_leaves(act_leaves)
         h_obs = digest_leaves(obs_leaves)
         over = self.keep(obs_leaves, act_leaves)

@@ -93,15 +93,18 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def step(self, action):
+        # The action is noted as received, before the env sees it: an env that changes its
+        # action array in place must not make the ledger disagree with what was sent.
+        self._rec.take_action(action)
         obs, reward, terminated, truncated, info = self.env.step(action)
         try:
-            over = self._rec.step(action, obs, reward, terminated, truncated)
+            over = self._rec.step_taken(obs, reward, terminated, truncated)
         except Exception:
             # Values that cannot be digested are recorded as invalid inside the
             # recorder; what is left is flags with no truth value (an array).
             # Record them as best we can rather than fail the env's step.
             try:
-                over = self._rec.step(action, obs, reward, _flag(terminated), _flag(truncated))
+                over = self._rec.step_taken(obs, reward, _flag(terminated), _flag(truncated))
             except Exception as exc2:
                 over = self._failed("step", exc2)
         if self.live:

@@ -9,6 +9,7 @@ import pytest
 from gymnasium import spaces as gs
 
 import envs_for_tests as E
+import stepledger
 from stepledger import LedgerEnv, LedgerError, UnsupportedSpaceError, core, read, recording
 from stepledger import _schema as S
 from stepledger.spaces import LeafLayout
@@ -377,3 +378,33 @@ def test_runs_on_the_chosen_core(tmp_path, core_impl):
     env = LedgerEnv(E.CountEnv(), str(tmp_path), index=0)
     assert type(env._rec).__module__ == ("stepledger._fallback" if core_impl == "python" else "stepledger._core")
     env.close()
+
+
+class _ClipsInPlace(gym.Env):
+    """Clips the action array it is given in place, as some envs do."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Box(-2, 2, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        np.clip(action, -0.5, 0.5, out=action)
+        return np.asarray(action, np.float32).copy(), float(action.sum()), False, False, {}
+
+
+@pytest.mark.parametrize("keep_values", [False, True])
+def test_action_is_recorded_as_received_before_the_env_changes_it(tmp_path, core_impl, keep_values):
+    """An env that edits its action array in place is inside LedgerEnv: no difference."""
+    d = str(tmp_path)
+    envs = stepledger.LedgerVectorEnv(
+        gym.vector.SyncVectorEnv([lambda: stepledger.LedgerEnv(_ClipsInPlace(), d, index=0, keep_values=keep_values)]),
+        os.path.join(d, "trainer.npz"), keep_values=keep_values)
+    envs.reset(seed=0)
+    for t in range(5):
+        envs.step(np.full((1, 2), 1.5 + t, np.float32))
+    envs.close()
+    report = stepledger.compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
