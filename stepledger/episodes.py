@@ -46,7 +46,7 @@ from . import _schema as S
 from . import core
 from .__about__ import __version__
 from .errors import LedgerError
-from .ledgerfile import CHUNK
+from .ledgerfile import CHUNK, atomic_file
 from .read import read
 
 LOG_FORMAT = "stepledger-episode-log"
@@ -490,21 +490,10 @@ class EpisodeLogTap(gym.vector.VectorWrapper):
                 "num_envs": int(self.num_envs),
                 "autoreset_mode": getattr(mode, "name", None if mode is None else str(mode)),
                 "gymnasium_version": gym.__version__, "stepledger_version": __version__}
-        directory = os.path.dirname(os.path.abspath(self.log_path))
-        os.makedirs(directory, exist_ok=True)
-        tmp = "%s.tmp-%d" % (self.log_path, os.getpid())
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, env=np.asarray(self._env, dtype=np.int64), r=np.asarray(self._r, dtype=np.float64),
-                         l=np.asarray(self._l, dtype=np.int64), vstep=np.asarray(self._vstep, dtype=np.int64),
-                         meta=np.array(json.dumps(meta, sort_keys=True)))
-            os.replace(tmp, self.log_path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with atomic_file(self.log_path) as f:
+            np.savez(f, env=np.asarray(self._env, dtype=np.int64), r=np.asarray(self._r, dtype=np.float64),
+                     l=np.asarray(self._l, dtype=np.int64), vstep=np.asarray(self._vstep, dtype=np.int64),
+                     meta=np.array(json.dumps(meta, sort_keys=True)))
 
     def close(self, **kwargs):
         """Write the log file, then close the wrapped env."""

@@ -10,6 +10,7 @@ then renamed, so a process killed at any moment leaves the last complete file
 or segment intact.
 """
 
+import contextlib
 import io
 import json
 import os
@@ -61,28 +62,18 @@ def _npy_header(dtype, shape):
     return buf.getvalue()
 
 
-def _write_zip(path, members):
-    """Write members into ``path`` atomically: temporary file, fsync, rename."""
+@contextlib.contextmanager
+def atomic_file(path):
+    """Open ``path + ".tmp-PID"`` for writing; on success sync it and rename it to ``path``.
+
+    On any error the temporary file is removed, so ``path`` is either the
+    previous complete file or the new complete one, never half of one.
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = "%s.tmp-%d" % (path, os.getpid())
     try:
         with open(tmp, "wb") as f:
-            writer = ZipWriter(f)
-            for m in members:
-                expected = m.dtype.itemsize * int(np.prod(m.shape, dtype=np.int64))
-                written = [0]
-
-                def chunks(m=m, written=written):
-                    yield _npy_header(m.dtype, m.shape)
-                    for chunk in m.chunks():
-                        chunk = np.ascontiguousarray(chunk, dtype=m.dtype)
-                        written[0] += chunk.nbytes
-                        yield chunk.reshape(-1)
-
-                writer.member(m.name + ".npy", chunks(), m.level)
-                if written[0] != expected:
-                    raise LedgerError("%s: member %s got %d bytes, expected %d" % (path, m.name, written[0], expected))
-            writer.close()
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -92,6 +83,27 @@ def _write_zip(path, members):
         except OSError:
             pass
         raise
+
+
+def _write_zip(path, members):
+    """Write members into ``path`` atomically."""
+    with atomic_file(path) as f:
+        writer = ZipWriter(f)
+        for m in members:
+            expected = m.dtype.itemsize * int(np.prod(m.shape, dtype=np.int64))
+            written = [0]
+
+            def chunks(m=m, written=written):
+                yield _npy_header(m.dtype, m.shape)
+                for chunk in m.chunks():
+                    chunk = np.ascontiguousarray(chunk, dtype=m.dtype)
+                    written[0] += chunk.nbytes
+                    yield chunk.reshape(-1)
+
+            writer.member(m.name + ".npy", chunks(), m.level)
+            if written[0] != expected:
+                raise LedgerError("%s: member %s got %d bytes, expected %d" % (path, m.name, written[0], expected))
+        writer.close()
 
 
 def positions(kind, carry):

@@ -99,24 +99,23 @@ def protocol(url):
     return proto if isinstance(proto, str) else proto[0]
 
 
-def exists(url):
+def _ask(url, question):
+    """fs.exists or fs.isdir on ``url``: False when it is not there, a LedgerError when unreachable."""
     fs, p = filesystem(url)
     try:
-        return fs.exists(p)
+        return getattr(fs, question)(p)
     except FileNotFoundError:
         return False
     except Exception as exc:
         raise LedgerError("%s: cannot reach (%s)" % (url, _short(exc))) from None
+
+
+def exists(url):
+    return _ask(url, "exists")
 
 
 def isdir(url):
-    fs, p = filesystem(url)
-    try:
-        return fs.isdir(p)
-    except FileNotFoundError:
-        return False
-    except Exception as exc:
-        raise LedgerError("%s: cannot reach (%s)" % (url, _short(exc))) from None
+    return _ask(url, "isdir")
 
 
 def listdir(url):
