@@ -78,3 +78,205 @@ TOKEN_KEY = "stepledger"
 TOKEN_VERSION = 1
 TOKEN_FORMAT = "<BIQqqBQQQB"
 TOKEN_SIZE = 55
+
+# ---------------------------------------------------------------- meta
+#
+# The keys of the ``meta`` member, checked when a file is opened
+# (ledgerfile.LedgerFile, through check_meta below). One line a key:
+#   MetaKey(name, type, required on which sides, allowed values, minimum)
+# type is one of META_TYPES. A key added after files of this format version
+# were written is optional (required=()), so that those files stay readable;
+# a key that only one side writes names that side. Keys not listed here are
+# kept as they are: a newer writer of the same format version may add some.
+
+
+class MetaKey:
+    __slots__ = ("name", "type", "required", "values", "minimum")
+
+    def __init__(self, name, type, required=SIDES, values=None, minimum=None):
+        self.name, self.type, self.required = name, type, tuple(required)
+        self.values, self.minimum = values, minimum
+
+
+META_KEYS = (
+    MetaKey("format", "str", values=(FORMAT_NAME,)),
+    MetaKey("format_version", "int", minimum=1),
+    MetaKey("side", "str", values=SIDES),
+    MetaKey("reward_dtype", "str", values=REWARD_DTYPES),
+    MetaKey("observation_space", "space"),
+    MetaKey("action_space", "space"),
+    MetaKey("keep_values", "bool"),
+    MetaKey("version", "str"),
+    MetaKey("autoreset_mode", "str", required=()),  # trainer side; the values are vector.py's
+    MetaKey("segment", "int", required=(), minimum=0),
+)
+META = {key.name: key for key in META_KEYS}
+
+# Reader limits, checked before anything is inflated, so that no file however
+# crafted makes a reader hold more than a bounded amount of memory. Event
+# columns are streamed in chunks and may be of any length.
+MAX_STREAMS = 1 << 16  # streams (envs) in one file
+MAX_MEMBERS = 4096  # members in one file
+MAX_DIRECTORY_BYTES = 4 << 20  # the ZIP central directory
+MAX_META_CHARS = 4 << 20  # the meta JSON, in characters (the member is 4 bytes a character)
+MAX_SPACE_DEPTH = 32  # nesting of Dict and Tuple spaces
+MAX_LEAVES = 1024  # leaves of one space
+MAX_NPY_HEADER = 64 << 10  # a member's .npy header
+
+
+class MetaProblem(Exception):
+    """What is wrong with one meta key: ``key`` (a dotted path) and ``problem``."""
+
+    def __init__(self, key, problem):
+        super().__init__("%s: %s" % (key, problem))
+        self.key, self.problem = key, problem
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x):
+    return isinstance(x, (int, float))  # bool is an int: a bool Box's bounds are true and false
+
+
+def _json_type(x):
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(x), type(x).__name__)
+
+
+_TYPE_CHECKS = {
+    "str": (lambda x: isinstance(x, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "bool": (lambda x: isinstance(x, bool), "true or false"),
+    "number": (lambda x: _is_number(x) and not isinstance(x, bool), "a number"),
+    "object": (lambda x: isinstance(x, dict), "an object"),
+    "space": (lambda x: isinstance(x, dict), "a space description (an object)"),
+    "any": (lambda x: True, "any JSON value"),
+}
+META_TYPES = tuple(_TYPE_CHECKS)
+
+
+def check_meta(meta):
+    """Check a parsed meta against META_KEYS; raise MetaProblem for the first key that is wrong.
+
+    Returns {"observation_space": leaves, "action_space": leaves}, each a list
+    of (dtype name, shape) in leaf order (see space_leaves).
+    """
+    if not isinstance(meta, dict):
+        raise MetaProblem("meta", "is %s, not an object" % _json_type(meta))
+    side = meta.get("side")
+    leaves = {}
+    for key in META_KEYS:
+        if key.name not in meta:
+            if side in key.required or (key.required == SIDES and side not in SIDES):
+                raise MetaProblem(key.name, "is missing")
+            continue
+        value = meta[key.name]
+        ok, wanted = _TYPE_CHECKS[key.type]
+        if not ok(value):
+            raise MetaProblem(key.name, "is %s, expected %s" % (_short_json(value), wanted))
+        if key.values is not None and value not in key.values:
+            raise MetaProblem(key.name, "is %s, expected one of %s" % (
+                _short_json(value), ", ".join(_short_json(v) for v in key.values)))
+        if key.minimum is not None and value < key.minimum:
+            raise MetaProblem(key.name, "is %s, expected at least %s" % (_short_json(value), key.minimum))
+        if key.type == "space":
+            leaves[key.name] = space_leaves(value, key.name)
+    return leaves
+
+
+def _short_json(x, limit=60):
+    import json
+    try:
+        text = json.dumps(x, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_LEAF_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary")
+_NUMERIC_KINDS = "biuf"
+
+
+def space_leaves(desc, key="space", depth=0, out=None):
+    """The leaves of a space description (see docs/FORMAT.md, section 6): [(dtype name, shape)].
+
+    In the order recorders flatten values: Dict keys sorted, Tuple elements in
+    order. Raises MetaProblem naming the key path of the first thing wrong.
+    """
+    import numpy as np
+    out = [] if out is None else out
+    if depth > MAX_SPACE_DEPTH:
+        raise MetaProblem(key, "spaces nested deeper than %d" % MAX_SPACE_DEPTH)
+    if not isinstance(desc, dict):
+        raise MetaProblem(key, "is %s, expected a space description (an object)" % _short_json(desc))
+    kind = desc.get("type")
+    if kind == "Dict" or kind == "Tuple":
+        subs = desc.get("spaces")
+        if kind == "Dict" and not isinstance(subs, dict) or kind == "Tuple" and not isinstance(subs, list):
+            raise MetaProblem(key + ".spaces", "is %s, expected %s" % (
+                _short_json(subs), "an object" if kind == "Dict" else "a list"))
+        items = sorted(subs.items()) if kind == "Dict" else enumerate(subs)
+        for k, sub in items:
+            space_leaves(sub, "%s.spaces[%s]" % (key, _short_json(k)), depth + 1, out)
+            if len(out) > MAX_LEAVES:
+                raise MetaProblem(key, "more than %d leaves" % MAX_LEAVES)
+        return out
+    if kind not in _LEAF_SPACES:
+        raise MetaProblem(key + ".type", "is %s, expected one of Box, Discrete, MultiDiscrete, MultiBinary, Dict, "
+                                         "Tuple" % _short_json(kind))
+
+    def field(name, check, wanted, required=True):
+        if name not in desc:
+            if required:
+                raise MetaProblem("%s.%s" % (key, name), "is missing")
+            return None
+        value = desc[name]
+        if not check(value):
+            raise MetaProblem("%s.%s" % (key, name), "is %s, expected %s" % (_short_json(value), wanted))
+        return value
+
+    def shape_of(name):
+        shape = field(name, lambda v: isinstance(v, list) and len(v) <= 32 and all(_is_int(d) and 0 <= d < 1 << 40
+                                                                                   for d in v),
+                      "a list of at most 32 non-negative integers")
+        return tuple(shape)
+
+    def dtype_of():
+        name = field("dtype", lambda v: isinstance(v, str), "a NumPy dtype name")
+        try:
+            dtype = np.dtype(name)
+        except (TypeError, ValueError):
+            dtype = None
+        if dtype is None or dtype.kind not in _NUMERIC_KINDS or dtype.name != name:
+            raise MetaProblem(key + ".dtype", "is %s, expected a numeric NumPy dtype name" % _short_json(name))
+        return name
+
+    def nested_ints(v, d=0):
+        return d < 32 and (_is_int(v) or isinstance(v, list) and all(nested_ints(x, d + 1) for x in v))
+
+    if kind == "Discrete":
+        field("n", lambda v: _is_int(v) and v >= 1, "a positive integer")
+        field("start", _is_int, "an integer", required=False)
+        out.append(("int64", ()))
+    elif kind == "MultiDiscrete":
+        nvec = field("nvec", lambda v: isinstance(v, list) and nested_ints(v), "a (nested) list of integers")
+        field("start", nested_ints, "a (nested) list of integers", required=False)
+        try:
+            shape = np.asarray(nvec, dtype=np.int64).shape
+        except (ValueError, OverflowError):
+            raise MetaProblem(key + ".nvec", "is not a rectangular list of integers") from None
+        out.append((dtype_of(), tuple(int(d) for d in shape)))
+    else:  # Box, MultiBinary
+        shape = shape_of("shape")
+        dtype = dtype_of()
+        if kind == "Box":
+            size = 1
+            for d in shape:
+                size *= d
+            for bound in ("low", "high"):
+                field(bound, lambda v: _is_number(v) or isinstance(v, list) and len(v) == size
+                      and all(_is_number(x) for x in v), "a number or a list of %d numbers" % size, required=False)
+        out.append((dtype, shape))
+    return out

@@ -399,6 +399,23 @@ def _short(exc):
     return text[:200]
 
 
+def check_meta(path, meta):
+    """Check a ledger's parsed meta against the schema (``_schema.META_KEYS``); LedgerError naming the key.
+
+    Returns the leaves of its spaces, as ``_schema.check_meta`` does.
+    """
+    if not isinstance(meta, dict) or meta.get("format") != S.FORMAT_NAME:
+        raise LedgerError("%s: not a ledger (meta does not name the stepledger format)" % path)
+    version = meta.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > S.FORMAT_VERSION:
+        raise LedgerError("%s: format version %s is newer than this stepledger reads (%d); upgrade stepledger"
+                          % (path, version, S.FORMAT_VERSION))
+    try:
+        return S.check_meta(meta)
+    except S.MetaProblem as exc:
+        raise LedgerError("%s: meta key %s %s" % (path, exc.key, exc.problem)) from None
+
+
 class LedgerFile:
     """One ledger file (final or spill segment), validated on open."""
 
@@ -438,16 +455,9 @@ class LedgerFile:
             raise LedgerError("%s: not a ledger (meta is not a string)" % path)
         try:
             self.meta = json.loads(str(meta[()]))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise LedgerError("%s: not a ledger (meta is not JSON)" % path) from None
-        if not isinstance(self.meta, dict) or self.meta.get("format") != S.FORMAT_NAME:
-            raise LedgerError("%s: not a ledger (meta does not name the stepledger format)" % path)
-        version = self.meta.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise LedgerError("%s: not a ledger (format version %r)" % (path, version))
-        if version > S.FORMAT_VERSION:
-            raise LedgerError("%s: format version %s is newer than this stepledger reads (%d); upgrade stepledger"
-                              % (path, version, S.FORMAT_VERSION))
+        self.leaves = check_meta(path, self.meta)
         ids = np.asarray(self.source(S.STREAM_INDEX_MEMBER).array())
         offsets = np.asarray(self.source(S.STREAM_OFFSETS_MEMBER).array())
         if ids.ndim != 1 or ids.dtype.kind not in "iu" or offsets.ndim != 1 or offsets.dtype.kind not in "iu":
