@@ -5,6 +5,7 @@ Same names and results as ``_fallback.py``, which is the readable reference;
 see that module and docs/FORMAT.md for the digest's definition.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.float cimport PyFloat_AsDouble
 from cpython.long cimport PyLong_AsLongLong
@@ -925,8 +926,27 @@ cdef class VectorRecorder:
         return over == 1
 
     def actions(self, actions):
-        """Digest the actions sent to the envs, before they are handed over."""
+        """Digest the actions sent to the envs, before they are handed over (Gymnasium's batch layout)."""
         self._rows(self.act, actions, self.last_act)
+
+    @cython.boundscheck(True)  # actions[i] indexes the caller's object: it may be too short
+    @cython.wraparound(True)
+    def actions_per_env(self, actions):
+        """Digest the actions sent to the envs, given as one value per env (SB3's layout:
+        env i is sent ``actions[i]``); an env whose value cannot be taken is recorded as invalid."""
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        cdef Py_ssize_t i
+        if self._batch_fits(self.act, actions):
+            # an array of rows already of the leaf's dtype and shape: row i is actions[i]
+            _digest_rows([actions], o, self.n)
+            return
+        for i in range(self.n):
+            try:
+                value = actions[i]
+            except Exception:
+                o[i] = C_INVALID
+                continue
+            o[i] = self.act.digest(value)
 
     def step_next(self, obs, rewards, terminated, truncated):
         """A vector step under next-step autoreset: an env whose episode ended at

@@ -433,8 +433,29 @@ class VectorRecorder:
         return over
 
     def actions(self, actions):
-        """Digest the actions sent to the envs, before they are handed over."""
+        """Digest the actions sent to the envs, before they are handed over.
+
+        ``actions`` is a batch in Gymnasium's layout: one array per space leaf,
+        with a leading env dimension (a dict of arrays for a Dict space).
+        """
         self._rows(self.act_layout, actions, self.last_act)
+
+    def actions_per_env(self, actions):
+        """Digest the actions sent to the envs, given as one value per env.
+
+        SB3's layout: env i is sent ``actions[i]`` (a row of an array, or the
+        i-th dict or tuple of a list), and that value is digested as the env
+        will receive it. An env whose value cannot be taken is recorded as
+        invalid; the others keep their own digests.
+        """
+        out = self.last_act
+        for i in range(self.n):
+            try:
+                value = actions[i]
+            except Exception:
+                out[i] = INVALID_DIGEST
+                continue
+            out[i] = _digest_value(self.act_layout, value)
 
     def step_next(self, obs, rewards, terminated, truncated):
         """A vector step under next-step autoreset: an env whose episode ended at

@@ -96,9 +96,11 @@ class LedgerVecEnv(VecEnvWrapper):
         return obs
 
     def step_async(self, actions):
-        self._rec.actions(actions)
+        # SB3's VecEnvs send env i actions[i]: a row of an array, or the i-th dict or
+        # tuple of a list. Each is digested as its env will receive it, before it is sent.
+        self._rec.actions_per_env(actions)
         if self._keep:
-            self._actions = self._rows(self._rec.act_layout, actions)
+            self._actions = self._rec.act_layout.cast_per_env(actions, self.num_envs)
         self.venv.step_async(actions)
 
     def step_wait(self):
@@ -148,7 +150,7 @@ class LedgerVecEnv(VecEnvWrapper):
         over = False
         for i, store in enumerate(self._recording.values):
             o = None if orows is None else [r[i] for r in orows]
-            a = None if arows is None else [r[i] for r in arows]
+            a = None if arows is None else arows[i]
             if i in ended:
                 final = infos[i].get(_TERMINAL_OBS)
                 try:

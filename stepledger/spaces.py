@@ -112,8 +112,20 @@ class LeafLayout:
         _flatten(self.structure, batch, self.dtypes, out)
         return out
 
+    def cast_per_env(self, batch, n):
+        """The cast leaves of each env's value in a batch that sends env i ``batch[i]`` (SB3's
+        layout), copied so that an env that edits its value in place cannot change them; None
+        for an env whose value cannot be taken or cast."""
+        out = []
+        for i in range(n):
+            try:
+                out.append([np.array(leaf, copy=True) for leaf in self.cast(batch[i])])
+            except Exception:
+                out.append(None)
+        return out
+
     def cast_rows(self, batch, n):
-        """Like cast_batch, also for a batch SB3 gives as a list of values."""
+        """Like cast_batch, also for a batch of one-leaf values given as a list."""
         leaves = self.cast_batch(batch)
         for arr in leaves:
             if arr.ndim == 0 or arr.shape[0] != n:

@@ -184,3 +184,45 @@ def test_core_is_python_under_env_var(run_python):
     assert out.split() == ["python", "stepledger._fallback"]
     out = run_python("import stepledger; print(stepledger.CORE)")
     assert out.strip() == "cython"
+
+
+def _per_env_batches(space, n, rng):
+    """Batches in SB3's layout (env i is sent batch[i]), some of them odd."""
+    values = [space.sample() for _ in range(n)]
+    objects = np.empty(n, dtype=object)
+    for i, v in enumerate(values):
+        objects[i] = v
+    batches = [values, tuple(values), objects, values[:-1], values + values[:1], "bad", None, 7]
+    try:
+        stacked = np.stack([np.asarray(v) for v in values])
+        batches += [stacked, stacked.astype(np.float64), np.asfortranarray(stacked), stacked[::-1]]
+    except (TypeError, ValueError):  # values that do not stack into one array
+        pass
+    ragged = list(values)
+    ragged[0] = odd_values(space, rng)[-1]  # one env's value cannot be cast; the others still can
+    batches.append(ragged)
+    return batches
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_actions_per_env_agree_and_digest_each_value_as_sent(name):
+    space = SPACES[name]
+    space.seed(5)
+    rng = np.random.default_rng(5)
+    layout = LeafLayout(space)
+    n = 5
+    for batch in _per_env_batches(space, n, rng):
+        got = []
+        for core in (C, F):
+            rec = core.VectorRecorder([core.StreamBuffer() for _ in range(n)], layout, layout, True)
+            rec.actions_per_env(batch)
+            got.append(rec.last_act.tolist())
+        expected = []
+        for i in range(n):
+            try:
+                value = batch[i]
+            except Exception:
+                expected.append(F.INVALID_DIGEST)
+                continue
+            expected.append(recorded_digests(F, space, [value], False)[1][1])  # [0] is the reset
+        assert got[0] == got[1] == expected, (name, type(batch))

@@ -49,6 +49,124 @@ def test_clean_spaces_subproc(tmp_path, obs):
     assert_clean(str(tmp_path), path, n_envs=2)
 
 
+# Every batch layout SB3's VecEnvs accept: they send env i actions[i].
+LAYOUT_CASES = [(act, layout) for act in ("dict", "tuple", "dict_tuple") for layout in ("list", "tuple", "object")]
+LAYOUT_CASES += [(act, layout) for act in ("box", "discrete", "multidiscrete") for layout in ("list", "object")]
+
+
+@pytest.mark.parametrize("live", (False, True), ids=("offline", "live"))
+@pytest.mark.parametrize("act,layout", LAYOUT_CASES)
+def test_clean_every_action_batch_layout_dummy(tmp_path, act, layout, live):
+    # With live=True a false alarm raises BoundaryFault at the first step.
+    path = run_sb3(str(tmp_path), "dummy", n=3, steps=9, act=act, action_batch=layout, lengths=(1, 3, 2),
+                   ends=("term", "trunc"), resets={5: "all"}, live=live)
+    assert assert_clean(str(tmp_path), path, n_envs=3) > 20
+
+
+@pytest.mark.parametrize("live", (False, True), ids=("offline", "live"))
+@pytest.mark.parametrize("act,layout", [("dict", "list"), ("tuple", "object"), ("dict_tuple", "tuple"),
+                                        ("discrete", "list")])
+def test_clean_every_action_batch_layout_subproc(tmp_path, act, layout, live):
+    path = run_sb3(str(tmp_path), "subproc", n=2, steps=8, act=act, action_batch=layout, lengths=(1, 3),
+                   ends=("term", "trunc"), live=live)
+    assert assert_clean(str(tmp_path), path, n_envs=2) > 10
+
+
+def test_the_issue_reproduction_dict_actions_in_dummy_vec_env(tmp_path):
+    """Two envs with Dict(a=Discrete(3), b=Box(-1, 1, (2,))) actions, one step, a list of dicts."""
+    from gymnasium import spaces as gs
+    from stepledger import LedgerEnv, compare
+    from trainer_envs import ScriptedEnv
+    space = gs.Dict(a=gs.Discrete(3), b=gs.Box(-1, 1, (2,)))
+
+    def make(i):
+        env = ScriptedEnv(lengths=(5,))
+        env.action_space = space
+        return LedgerEnv(env, str(tmp_path), index=i, live=True)
+
+    envs = LedgerVecEnv(DummyVecEnv([functools.partial(make, i) for i in range(2)]), str(tmp_path / "t.npz"),
+                        live=True)
+    envs.reset()
+    envs.step([space.sample(), space.sample()])  # a false alarm raises BoundaryFault here
+    envs.close()
+    report = compare(str(tmp_path), str(tmp_path / "t.npz"))
+    assert report.ok, str(report)
+
+
+class EditAction(VecEnvWrapper):
+    """Changes the ``key`` leaf of env ``target``'s action at vector step ``at``, in any batch layout."""
+
+    def __init__(self, venv, at=3, target=1):
+        super().__init__(venv)
+        self.t, self.at, self.target = 0, at, target
+
+    def reset(self):
+        return self.venv.reset()
+
+    def step_async(self, actions):
+        self.t += 1
+        if self.t == self.at:
+            batch = list(actions)
+            value = batch[self.target]
+            if isinstance(value, dict):
+                value = dict(value, move=np.asarray(value["move"]) * 0.5)
+            else:  # a tuple action: (Discrete, Box)
+                value = (value[0], np.asarray(value[1]) * 0.5)
+            batch[self.target] = value
+            actions = batch
+        self.venv.step_async(actions)
+
+    def step_wait(self):
+        return self.venv.step_wait()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("act,layout", [("dict", "list"), ("dict", "object"), ("dict_tuple", "tuple")])
+def test_a_changed_leaf_of_one_env_action_is_located(tmp_path, kind, act, layout):
+    inner = EditAction if act == "dict" else _EditDictTuple
+    path = run_sb3(str(tmp_path), kind, n=3, steps=6, act=act, action_batch=layout, lengths=(10,),
+                   inner=inner)
+    assert_differs(str(tmp_path), path, {1: (3, ["h_act"])})
+
+
+class _EditDictTuple(EditAction):
+    def step_async(self, actions):
+        self.t += 1
+        if self.t == self.at:
+            batch = list(actions)
+            value = dict(batch[self.target])
+            value["z"] = (int(value["z"][0]), np.asarray(value["z"][1]) + 0.25)
+            batch[self.target] = value
+            actions = batch
+        self.venv.step_async(actions)
+
+
+def test_a_changed_dict_action_raises_live_at_its_env(tmp_path):
+    from stepledger import BoundaryFault
+    with pytest.raises(BoundaryFault) as err:
+        run_sb3(str(tmp_path), "dummy", n=3, steps=6, act="dict", lengths=(10,), inner=EditAction, live=True)
+    assert (err.value.env, err.value.episode, err.value.step) == (1, 0, 3), str(err.value)
+    assert "action" in err.value.fields
+
+
+@pytest.mark.parametrize("act", ("dict", "tuple"))
+def test_keep_values_of_dict_and_tuple_actions(tmp_path, act):
+    path = run_sb3(str(tmp_path), "dummy", n=2, steps=8, act=act, lengths=(2, 3), keep_values=True)
+    assert_clean(str(tmp_path), path)
+    env, tr = read(str(tmp_path)), read(path)
+    try:
+        for i in (0, 1):
+            a, b = env.streams[i].values, tr.streams[i].values
+            assert sorted(a) == sorted(b) and any(name.startswith("values_act") for name in a)
+            for name in a:
+                assert np.array_equal(a[name], b[name]), (i, name)
+            acts = [b[name] for name in sorted(b) if name.startswith("values_act")]
+            assert all(np.any(v != 0) for v in acts)  # real values, not the zeros of a failed cast
+    finally:
+        env.close()
+        tr.close()
+
+
 @pytest.mark.parametrize("obs", ("box32", "dict", "tuple"))
 @pytest.mark.parametrize("kind", KINDS)
 def test_clean_float64_values_for_a_float32_space(tmp_path, kind, obs):

@@ -19,9 +19,9 @@ from stepledger import _schema as S
 SPACE_NAMES = ("box32", "box64", "image", "discrete", "multidiscrete", "multibinary", "dict", "tuple",
                "dict_tuple")
 ACTION_NAMES = ("box", "discrete", "multidiscrete", "dict")
-# SB3 VecEnvs support neither nested spaces nor Dict actions.
+# SB3 VecEnvs support no nested observation spaces. Any action space goes: env i is sent actions[i].
 SB3_SPACE_NAMES = ("box32", "box64", "image", "discrete", "multidiscrete", "multibinary", "dict", "tuple")
-SB3_ACTION_NAMES = ("box", "discrete", "multidiscrete")
+SB3_ACTION_NAMES = ("box", "discrete", "multidiscrete", "dict", "tuple", "dict_tuple")
 
 
 def make_space(name):
@@ -164,11 +164,11 @@ def _widen(space, value, rng):
     return value
 
 
-def make_ledger_env(directory, index, reward_dtype=np.float32, keep_values=False, **kwargs):
+def make_ledger_env(directory, index, reward_dtype=np.float32, keep_values=False, live=False, **kwargs):
     """A ScriptedEnv with LedgerEnv outermost, as an env factory builds it."""
     kwargs.setdefault("seed", 1000 + index)
     return LedgerEnv(ScriptedEnv(**kwargs), directory, index=index, reward_dtype=reward_dtype,
-                     keep_values=keep_values)
+                     keep_values=keep_values, live=live)
 
 
 def make_ledger_gym(env_id, directory, index, **kwargs):
@@ -380,14 +380,35 @@ def run_gym(directory, kind="sync", mode="NextStep", n=3, steps=24, obs="box32",
     return path
 
 
+def sb3_action_batch(values, layout):
+    """One vector step's actions, one value per env, in a batch layout SB3's VecEnvs accept
+    (they send env i ``batch[i]``): "stack" (one array; array-like spaces only), "list",
+    "tuple" or "object" (an object array holding the values)."""
+    if layout == "stack":
+        return np.stack(values)
+    if layout == "list":
+        return list(values)
+    if layout == "tuple":
+        return tuple(values)
+    if layout == "object":
+        batch = np.empty(len(values), dtype=object)
+        for i, v in enumerate(values):
+            batch[i] = v
+        return batch
+    raise ValueError(layout)
+
+
 def run_sb3(directory, kind="dummy", n=3, steps=24, obs="box32", act="box", lengths=(3,), ends=("term",),
             resets=None, seed=0, keep_values=False, inner=None, start_method="fork", reward_dtype=np.float32,
-            **env_kwargs):
+            action_batch=None, live=False, **env_kwargs):
     """Drive stepledger.sb3.LedgerVecEnv around DummyVecEnv or SubprocVecEnv; returns the trainer file.
 
     ``resets`` maps a step number to what to do after that step: "all",
     ("seed", s) or ("options", {...}), the last two through the VecEnv's
     seed() and set_options(), which apply to the next reset only.
+    ``action_batch`` is the layout of each step's actions (see
+    sb3_action_batch; by default "stack" where the space allows it, else
+    "list"). ``live`` checks tokens as they arrive (a fault raises).
     """
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
@@ -397,15 +418,17 @@ def run_sb3(directory, kind="dummy", n=3, steps=24, obs="box32", act="box", leng
         lens = None if lengths is None else tuple(np.roll(lengths, -i))
         fns.append(functools.partial(make_ledger_env, directory, i, obs=obs, act=act, lengths=lens,
                                      ends=tuple(np.roll(ends, -i)), keep_values=keep_values,
-                                     reward_dtype=reward_dtype, **env_kwargs))
+                                     reward_dtype=reward_dtype, live=live, **env_kwargs))
     venv = DummyVecEnv(fns) if kind == "dummy" else SubprocVecEnv(fns, start_method=start_method)
     if inner is not None:
         venv = inner(venv)
     path = os.path.join(directory, "trainer.npz")
-    envs = LedgerVecEnv(venv, path, keep_values=keep_values, reward_dtype=reward_dtype)
+    envs = LedgerVecEnv(venv, path, keep_values=keep_values, reward_dtype=reward_dtype, live=live)
     space = make_action_space(act)
     space.seed(seed)
-    actions = [np.stack([space.sample() for _ in range(n)]) for _ in range(steps)]
+    if action_batch is None:
+        action_batch = "list" if isinstance(space, (gs.Dict, gs.Tuple)) else "stack"
+    actions = [sb3_action_batch([space.sample() for _ in range(n)], action_batch) for _ in range(steps)]
     resets = resets or {}
     try:
         envs.seed(seed)
