@@ -12,6 +12,7 @@ from . import _schema as S
 from . import storage
 from .errors import LedgerError
 from .ledgerfile import CHUNK, LedgerFile, Rows, Segment, positions, spill_dir
+from .spaces import digest_signature
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
 
@@ -166,7 +167,13 @@ def _read_one(path):
 
 
 def _meta_key(meta):
-    return {k: v for k, v in meta.items() if k not in ("segment",)}
+    """The settings that must agree between ledgers read together: spaces only by what their
+    values are digested over (sub-envs may differ in Box bounds, as observation_mode="different" allows)."""
+    key = {k: v for k, v in meta.items() if k not in ("segment",)}
+    for name in ("observation_space", "action_space"):
+        if name in key:
+            key[name] = digest_signature(key[name])
+    return key
 
 
 def read(path):

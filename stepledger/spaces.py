@@ -165,6 +165,38 @@ def describe_space(space):
     raise UnsupportedSpaceError("cannot describe a %s space" % type(space).__name__)
 
 
+# What a space description holds beyond what its values are digested over: bounds and ranges.
+# Values of spaces that differ only in these digest alike (Gymnasium's observation_mode="different").
+_NOT_DIGESTED = {"Box": ("low", "high"), "Discrete": ("n", "start"), "MultiDiscrete": ("nvec", "start")}
+
+
+def digest_signature(description):
+    """A space description without what digests do not depend on.
+
+    Digests depend on the structure (space types, Dict keys, Tuple lengths)
+    and on each leaf's dtype and shape; Box bounds and the ranges of Discrete
+    and MultiDiscrete do not change them. Two ledgers whose spaces have the
+    same signature can be compared.
+    """
+    if not isinstance(description, dict):
+        return description
+    t = description.get("type")
+    out = {}
+    for key, value in description.items():
+        if key in _NOT_DIGESTED.get(t, ()):
+            continue
+        if key == "spaces" and isinstance(value, dict):
+            value = {k: digest_signature(v) for k, v in value.items()}
+        elif key == "spaces" and isinstance(value, list):
+            value = [digest_signature(v) for v in value]
+        elif isinstance(value, dict):  # an element space (Sequence, Graph, ...)
+            value = digest_signature(value)
+        out[key] = value
+    if t == "MultiDiscrete" and "nvec" in description:
+        out["shape"] = list(np.shape(description["nvec"]))
+    return out
+
+
 def leaf_names(description, path=""):
     """Leaf key paths of a described space, in digest order."""
     t = description["type"]

@@ -76,9 +76,10 @@ class ScriptedEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, obs="box32", act="box", lengths=(3,), ends=("term",), seed=0, float64_obs=False,
-                 reuse_obs=False, max_len=6):
-        self.observation_space = make_space(obs)
-        self.action_space = make_action_space(act)
+                 reuse_obs=False, max_len=6, obs_space=None, act_space=None):
+        # obs_space and act_space, when given, replace the named spaces
+        self.observation_space = make_space(obs) if obs_space is None else obs_space
+        self.action_space = make_action_space(act) if act_space is None else act_space
         self.lengths = lengths
         self.ends = ends
         self.max_len = max_len
