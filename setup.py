@@ -1,11 +1,29 @@
 """Builds the Cython core. Without a C compiler the package installs anyway and
 runs on its pure-Python core (stepledger/_fallback.py)."""
 
+import glob
 import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildPyWithDocs(build_py):
+    """Ship docs/*.md inside the package (stepledger/docs/), so that ``stepledger docs`` finds them in a wheel."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "stepledger", "docs")
+        pages = sorted(glob.glob(os.path.join(HERE, "docs", "*.md")))
+        if pages:
+            os.makedirs(target, exist_ok=True)
+            for page in pages:
+                shutil.copy2(page, target)
 
 
 class OptionalBuildExt(build_ext):
@@ -52,4 +70,4 @@ def extensions():
         return []
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithDocs})

@@ -8,7 +8,9 @@ field. Like Gymnasium's ``check_env``, one call in a test suite.
 """
 
 import functools
+import math
 import os
+import shutil
 import tempfile
 import warnings
 
@@ -40,10 +42,20 @@ def is_located(difference, injected):
 
 
 class FaultResult:
-    """One fault's run: where it was injected and what compare said."""
+    """One fault's run: where it was injected and what compare said.
 
-    def __init__(self, fault, injected, difference):
+    ``short`` is set when the fault was not exercised because the rollout
+    ended before its first opportunity (``needs`` then holds the vector steps
+    a rollout needs); ``reason`` says why a fault had no opportunity.
+    """
+
+    def __init__(self, fault, injected, difference, reason=None, needs=None):
         self.fault, self.injected, self.difference = fault, injected, difference
+        self.reason, self.needs = reason, needs
+
+    @property
+    def short(self):
+        return not self.exercised and self.needs is not None
 
     @property
     def exercised(self):
@@ -59,7 +71,7 @@ class FaultResult:
 
     def line(self):
         if not self.exercised:
-            return "%-22s not exercised (no opportunity in this rollout)" % self.fault
+            return "%-22s not exercised (%s)" % (self.fault, self.reason or "no opportunity in this rollout")
         where = "env %d, episode %d, step %d" % (self.injected["env"], self.injected["episode"], self.injected["step"])
         if self.located:
             return "%-22s caught and located  (injected at %s)" % (self.fault, where)
@@ -70,15 +82,27 @@ class FaultResult:
 
 
 class CheckReport:
-    """The outcome of check_boundary: truthy when the clean run is clean and
-    every exercised fault was caught and located."""
+    """The outcome of check_boundary: truthy when the clean run is clean, at
+    least one fault was exercised, every exercised fault was caught and
+    located, and no fault went unexercised for lack of steps.
 
-    def __init__(self, clean, results, directory):
-        self.clean, self.results, self.directory = clean, results, directory
+    ``needs`` is the number of vector steps a rollout needs for every fault
+    to have its opportunity, when this one was too short (else None).
+    ``directory`` is where the ledgers are, or None once they were removed.
+    """
+
+    def __init__(self, clean, results, directory, steps=None):
+        self.clean, self.results, self.directory, self.steps = clean, results, directory, steps
+
+    @property
+    def needs(self):
+        short = [r.needs for r in self.results if r.short]
+        return max(short) if short else None
 
     @property
     def ok(self):
-        return bool(self.clean) and all(r.located for r in self.results if r.exercised)
+        return (bool(self.clean) and any(r.exercised for r in self.results) and self.needs is None
+                and all(r.located for r in self.results if r.exercised))
 
     def __bool__(self):
         return self.ok
@@ -92,9 +116,20 @@ class CheckReport:
         lines += [r.line() for r in self.results]
         n_ex = sum(r.exercised for r in self.results)
         n_ok = sum(r.located for r in self.results)
-        lines.append("%d of %d exercised faults caught and located; %s" % (
-            n_ok, n_ex, "the boundary is checked" if self.ok else "the boundary is NOT fully checked"))
-        lines.append("ledgers in %s" % self.directory)
+        if self.needs is not None:
+            n_short = sum(r.short for r in self.results)
+            verdict = ("the boundary is NOT checked: %d of %d faults had no opportunity in a rollout of %s "
+                       "steps; it needs at least %d (--steps %d)" % (n_short, len(self.results), self.steps,
+                                                                    self.needs, self.needs))
+        elif not n_ex:
+            verdict = "the boundary is NOT checked: no fault was exercised"
+        elif self.ok:
+            verdict = "the boundary is checked"
+        else:
+            verdict = "the boundary is NOT fully checked"
+        lines.append("%d of %d exercised faults caught and located; %s" % (n_ok, n_ex, verdict))
+        if self.directory is not None:
+            lines.append("ledgers in %s" % self.directory)
         return "\n".join(lines)
 
 
@@ -156,8 +191,76 @@ def _rollout(env_fn, vector, sb3, n_envs, steps, directory, fault, target, at, s
     return compare(directory, trainer_file), (read_record(record) if fault else None)
 
 
+# What each fault needs at a step of the target env (at or after step ``at``) to have an opportunity.
+_NEEDS = {"obs": "step", "action": "any", "reward": "any", "step": "any", "final-obs": "end",
+          "terminated:spurious": "step", "truncated:as-term": "truncation", "truncated:drop": "truncation",
+          "terminated:drop": "termination", "terminated:as-trunc": "termination"}
+
+
+def _need(fault):
+    return _NEEDS.get(fault) or _NEEDS[fault.split(":")[0]]
+
+
+def _clean_steps(directory, target):
+    """The target env's steps in the clean run: (ended, terminated, truncated) per step, in order."""
+    from .read import read
+    with read(os.path.join(directory, "env-%d.npz" % target)) as ledger:
+        cols = ledger.streams[target].columns
+    steps = cols["kind"] == 1
+    return np.asarray(cols["terminated"])[steps], np.asarray(cols["truncated"])[steps]
+
+
+def _no_opportunity(fault, term, trunc, at, target, time_limit):
+    """Why ``fault`` had no opportunity in the clean rollout, and the vector steps it would need (or None).
+
+    ``time_limit()`` gives the env's TimeLimit (or None); it is asked only when no episode ended.
+    """
+    n = len(term)
+    ends = np.flatnonzero(term | trunc)
+    need = _need(fault)
+
+    def vector_steps(env_steps, episode_len):
+        # under NEXT_STEP each episode end before the last step takes one more vector step (the reset)
+        return int(env_steps + (env_steps - 1) // episode_len) if episode_len else int(env_steps)
+
+    mean_len = int(math.ceil(n / len(ends))) if len(ends) else None
+    if need in ("any", "step") and n <= at:
+        return ("the rollout is too short: env %d made %d steps; the fault waits for step %d" % (target, n, at),
+                vector_steps(at + 1, mean_len or time_limit()))
+    if need in ("any", "step"):
+        return "no opportunity in this rollout", None
+    which = {"end": ends, "termination": np.flatnonzero(term), "truncation": np.flatnonzero(trunc)}[need]
+    what = {"end": "an episode end", "termination": "a termination", "truncation": "a truncation"}[need]
+    if which.size and which[-1] >= at:
+        return "no opportunity in this rollout", None
+    if which.size:  # seen, but only before ``at``: one more such episode after ``at`` is enough
+        return ("the rollout is too short: env %d had %s only before step %d" % (target, what, at),
+                vector_steps(at + int(which[0]) + 1, mean_len))
+    if len(ends):  # episodes did end, never this way: the env does not end them like that
+        return "no opportunity: env %d's episodes never ended with %s in this rollout" % (target, what), None
+    limit = time_limit()
+    if limit:
+        return ("the rollout is too short: no episode of env %d ended in its %d steps, and its time limit is %d"
+                % (target, n, limit), vector_steps(limit * math.ceil((at + 1) / limit), limit))
+    return ("the rollout is too short: no episode of env %d ended in its %d steps (give the env a time limit)"
+            % (target, n), vector_steps(max(n, at) + 1, None))
+
+
+def _time_limit(env_fn, target):
+    """The max_episode_steps of ``env_fn(target)``'s spec, or None."""
+    try:
+        env = env_fn(target)
+    except Exception:
+        return None
+    try:
+        limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+        return int(limit) if limit else None
+    finally:
+        env.close()
+
+
 def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200, faults=ENV_SIDE_FAULTS,
-                   at=5, target=None, seed=0, directory=None):
+                   at=5, target=None, seed=0, directory=None, keep=False, progress=None):
     """Check that the ledgers catch and locate every boundary fault on this stack.
 
     Args:
@@ -172,10 +275,18 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
         faults: the env-side faults to inject, one run each.
         at, target: each fault is injected at the first opportunity at or
             after step ``at`` of env ``target`` (default: the last env).
-        directory: where the ledgers go (default: a new temporary directory).
+        directory: where the ledgers go (default: a new temporary directory,
+            removed again when the check passes unless ``keep``).
+        keep: keep the temporary directory even when the check passes.
+        progress: ``progress(done, total)`` is called after each run.
 
-    Returns a CheckReport, truthy when the boundary is fully checked.
+    Returns a CheckReport, truthy when the boundary is fully checked. A
+    rollout too short for some fault's first opportunity is not: the report
+    says how many steps it needs.
     """
+    for name, value in (("n_envs", n_envs), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError("check_boundary: %s must be a positive int, got %r" % (name, value))
     if isinstance(vector, str):
         if vector not in VECTORS:
             raise ValueError("check_boundary: vector must be one of %s or a callable, got %r" % (VECTORS, vector))
@@ -194,18 +305,39 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
                              "envs always reset on the next step)" % gym.__version__)
     faults = [check_fault(f, ENV_SIDE_FAULTS, "check_boundary") for f in faults]
     target = n_envs - 1 if target is None else int(target)
+    if not 0 <= target < n_envs:
+        raise ValueError("check_boundary: target must be an env index below n_envs=%d, got %r" % (n_envs, target))
+    made = directory is None
     directory = directory or tempfile.mkdtemp(prefix="stepledger-check-")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # step-after-done warnings from faulty flags are expected
-        clean, _ = _rollout(env_fn, build, sb3, n_envs, steps, os.path.join(directory, "clean"), None,
-                            target, at, seed)
-        results = []
-        for fault in faults:
-            sub = os.path.join(directory, fault.replace(":", "_"))
-            report, injected = _rollout(env_fn, build, sb3, n_envs, steps, sub, fault, target, at, seed)
-            diff = report.by_env().get(injected["env"]) if injected else None
-            results.append(FaultResult(fault, injected, diff))
-    return CheckReport(clean, results, directory)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # step-after-done warnings from faulty flags are expected
+            clean_dir = os.path.join(directory, "clean")
+            clean, _ = _rollout(env_fn, build, sb3, n_envs, steps, clean_dir, None, target, at, seed)
+            term, trunc = _clean_steps(clean_dir, target)
+            time_limit = functools.lru_cache(None)(lambda: _time_limit(env_fn, target))
+            if progress is not None:
+                progress(1, len(faults) + 1)
+            results = []
+            for k, fault in enumerate(faults):
+                sub = os.path.join(directory, fault.replace(":", "_"))
+                report, injected = _rollout(env_fn, build, sb3, n_envs, steps, sub, fault, target, at, seed)
+                diff = report.by_env().get(injected["env"]) if injected else None
+                reason = needs = None
+                if injected is None:
+                    reason, needs = _no_opportunity(fault, term, trunc, at, target, time_limit)
+                results.append(FaultResult(fault, injected, diff, reason, needs))
+                if progress is not None:
+                    progress(k + 2, len(faults) + 1)
+    except BaseException:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    out = CheckReport(clean, results, directory, steps)
+    if made and out.ok and not keep:
+        shutil.rmtree(directory, ignore_errors=True)
+        out.directory = None
+    return out
 
 
 class _RegisteredEnv:
@@ -220,4 +352,14 @@ class _RegisteredEnv:
 
 
 def registered_env(env_id, max_episode_steps=None):
-    return _RegisteredEnv(env_id, max_episode_steps)
+    """A picklable factory for ``gym.make(env_id)``; refuses (ValueError, one line) an id that cannot be made."""
+    import gymnasium as gym
+    if max_episode_steps is not None and (max_episode_steps < 1):
+        raise ValueError("max_episode_steps must be a positive int, got %r" % (max_episode_steps,))
+    factory = _RegisteredEnv(env_id, max_episode_steps)
+    try:
+        factory(0).close()
+    except (gym.error.Error, ImportError, ModuleNotFoundError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError("cannot make env %r: %s" % (env_id, text)) from None
+    return factory

@@ -1,29 +1,72 @@
 """The ``stepledger`` command (also ``python -m stepledger``).
 
 Exit codes: 0 no difference, 1 a difference, 2 cannot compare (or bad usage).
+With ``--json`` stdout always holds one JSON object, also on exit 2
+(``{"ok": false, "error": "..."}``). Progress goes to stderr, and only when
+stderr is a terminal.
 """
 
 import argparse
 import json
 import os
+import shutil
 import sys
 
+from . import _jsonout
 from . import _schema as S
 from .__about__ import __version__
 from .errors import LedgerError
+from .progress import Progress
 
 EXIT_OK, EXIT_DIFFER, EXIT_CANNOT = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
+
+_JSON_ERRORS = [False]  # set when the command line asks for --json, so that usage errors print JSON too
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors exit 2 with one line, as argparse does
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_CANNOT, "%s: error: %s\n" % (self.prog, message))
+    def error(self, message):  # usage errors exit 2 with one line (argparse adds the usage too)
+        if _JSON_ERRORS[0]:
+            print(_jsonout.dumps({"ok": False, "error": "%s: %s" % (self.prog, message)}))
+        self.exit(EXIT_CANNOT, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' line breaks and adds each option's default to its help (flags and
+    options without a default say what they default to in their own words)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text \
+                and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, got %d" % value)
+    return value
+
+
+def _progress(label):
+    return Progress("stepledger %s:" % label)
 
 
 def _compare(args):
     from .compare import compare
-    report = compare(args.env_dir, args.trainer_file, count_all=args.all)
+    progress = _progress("compare, envs")
+    try:
+        report = compare(args.env_dir, args.trainer_file, count_all=args.all, progress=progress)
+    finally:
+        progress.done()
+    if args.junit:
+        from .junit import write_junit
+        write_junit(args.junit, report, "stepledger compare %s %s" % (args.env_dir, args.trainer_file))
     print(report.to_json() if args.json else str(report))
     return EXIT_OK if report.ok else EXIT_DIFFER
 
@@ -41,13 +84,13 @@ def _show(args):
                 n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
             streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
         if args.json:
-            print(json.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
-                              "streams": streams}, indent=2, sort_keys=True))
+            print(_jsonout.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
+                                  "streams": streams}))
             return EXIT_OK
         print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
                                  if ledger.partial else ""))
         for key in sorted(ledger.meta):
-            print("  %s: %s" % (key, json.dumps(ledger.meta[key], sort_keys=True)))
+            print("  %s: %s" % (key, json.dumps(_jsonout.plain(ledger.meta[key]), sort_keys=True)))
         print("  %d streams, %d events" % (len(streams), sum(s["events"] for s in streams)))
         for s in streams:
             print("  env %d: %d events, %d episodes started, %d steps" % (s["env"], s["events"], s["episodes"], s["steps"]))
@@ -61,37 +104,64 @@ def build_parser():
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     c = sub.add_parser("compare", help="compare the env-side ledgers with the trainer ledger",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=_Formatter,
                        description="Compare the env-side ledgers (ENV_DIR/env-N.npz) with the trainer ledger and "
                                    "print, per env, the first event where they differ.",
-                       epilog="example:\n  stepledger compare ledger ledger/trainer.npz\n\n"
-                              "exit codes: 0 no difference, 1 a difference, 2 cannot compare")
+                       epilog="example:\n  stepledger compare ledger ledger/trainer.npz\n"
+                              "  stepledger compare ledger ledger/trainer.npz --json --junit report.xml\n\n"
+                              "exit codes: 0 no difference, 1 a difference, 2 cannot compare\n"
+                              "how to read the report: stepledger docs report")
     c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
     c.add_argument("trainer_file", help="the file LedgerVectorEnv or LedgerVecEnv wrote")
-    c.add_argument("--json", action="store_true", help="print the report as JSON (see docs/REPORT.md)")
+    c.add_argument("--json", action="store_true",
+                   help="print the report as JSON (its keys: stepledger docs report)")
     c.add_argument("--all", action="store_true",
-                   help="also count, per env and field, the events that differ after the first")
+                   help="also count, per env and field, the events that differ after the first, and say where "
+                        "they fall")
+    c.add_argument("--junit", metavar="FILE",
+                   help="also write a JUnit XML report to FILE, one test case per env")
     c.set_defaults(func=_compare)
 
     s = sub.add_parser("show", help="describe a ledger file or an env directory",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=_Formatter,
                        description="Print a ledger's meta, its streams and their event and episode counts.",
                        epilog="example:\n  stepledger show ledger/trainer.npz\n  stepledger show ledger")
     s.add_argument("path", help="a ledger file or an env directory")
     s.add_argument("--json", action="store_true", help="print as JSON")
     s.set_defaults(func=_show)
 
+    d = sub.add_parser("docs", help="print one of the documentation pages shipped with stepledger",
+                       formatter_class=_Formatter,
+                       description="Print a documentation page. Without a page, list the pages.",
+                       epilog="example:\n  stepledger docs\n  stepledger docs report")
+    d.add_argument("page", nargs="?", help="a page name, such as report, format or live")
+    d.set_defaults(func=_docs)
+
     for extra in _EXTRA_COMMANDS:
         extra(sub)
     return p
 
 
+def _docs(args):
+    from .docs import page_names, page_text
+    if not args.page:
+        print("stepledger docs PAGE, where PAGE is one of: %s" % ", ".join(page_names()))
+        return EXIT_OK
+    sys.stdout.write(page_text(args.page))
+    return EXIT_OK
+
+
 def _demo(args):
     from .demo import run
+    made = args.dir is None
     report, directory = run(fault=not args.clean, directory=args.dir)
     print(report)
-    print("ledgers in %s (compare them again: stepledger compare %s %s)"
-          % (directory, directory, os.path.join(directory, "trainer.npz")))
+    if made and not args.keep:
+        shutil.rmtree(directory, ignore_errors=True)
+        print("(the ledgers were in a temporary directory, now removed; --keep or --dir DIR keeps them)")
+    else:
+        print("ledgers in %s (compare them again: stepledger compare %s %s)"
+              % (directory, directory, os.path.join(directory, "trainer.npz")))
     return EXIT_OK if report.ok == args.clean else EXIT_DIFFER
 
 
@@ -100,60 +170,75 @@ def _check(args):
     from .faults import ENV_SIDE_FAULTS, check_fault
     faults = ENV_SIDE_FAULTS if not args.faults else [check_fault(f, ENV_SIDE_FAULTS, "--faults")
                                                       for f in args.faults.split(",")]
-    report = check_boundary(registered_env(args.env_id, args.max_episode_steps), vector=args.vector,
-                            autoreset=args.autoreset, n_envs=args.num_envs, steps=args.steps, faults=faults,
-                            directory=args.dir)
+    env_fn = registered_env(args.env_id, args.max_episode_steps)
+    progress = _progress("check, runs")
+    try:
+        report = check_boundary(env_fn, vector=args.vector, autoreset=args.autoreset, n_envs=args.num_envs,
+                                steps=args.steps, faults=faults, directory=args.dir, keep=args.keep,
+                                progress=progress)
+    finally:
+        progress.done()
     print(report)
     return EXIT_OK if report.ok else EXIT_DIFFER
 
 
 def _add_demo(sub):
     d = sub.add_parser("demo", help="run a short AsyncVectorEnv with faults injected and print the report",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=_Formatter,
                        description="Run 8 Pendulum-v1 envs in an AsyncVectorEnv for 100 steps, with three of them "
                                    "changing one value on the way to the trainer, and compare the two ledgers.",
                        epilog="example:\n  stepledger demo\n  stepledger demo --clean")
     d.add_argument("--clean", action="store_true", help="inject no fault: the report must be clean")
-    d.add_argument("--dir", help="where to write the ledgers (default: a new temporary directory)")
+    d.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed at the end)")
+    d.add_argument("--keep", action="store_true", help="keep the temporary directory and print where it is")
     d.set_defaults(func=_demo)
 
 
 def _add_check(sub):
     c = sub.add_parser("check", help="prove that the ledgers catch every boundary fault on a registered env",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=_Formatter,
                        description="Run a short random rollout of ENV_ID through the chosen vector env with both "
                                    "ledgers, then once per fault with the fault injected in the workers, and "
                                    "report whether each was caught and located.",
                        epilog="example:\n  stepledger check Pendulum-v1 --vector async --autoreset same\n"
                               "  stepledger check CartPole-v1 --vector subproc\n\n"
-                              "exit codes: 0 every exercised fault caught and located, 1 not, 2 cannot run")
+                              "exit codes: 0 every exercised fault caught and located, 1 not (or the rollout is too "
+                              "short for some fault), 2 cannot run\nthe faults: stepledger docs faults")
     c.add_argument("env_id", help="a registered Gymnasium env id")
-    c.add_argument("--vector", choices=("sync", "async", "subproc", "dummy"), default="sync")
+    c.add_argument("--vector", choices=("sync", "async", "subproc", "dummy"), default="sync",
+                   help="the vector env: Gymnasium's sync or async, SB3's subproc or dummy (needs the [sb3] extra)")
     c.add_argument("--autoreset", choices=("next", "same"), default="next",
                    help="autoreset mode of Gymnasium's vector envs")
-    c.add_argument("--num-envs", type=int, default=4)
-    c.add_argument("--steps", type=int, default=200, help="vector steps per run")
-    c.add_argument("--max-episode-steps", type=int, default=20,
+    c.add_argument("--num-envs", type=_positive_int, default=4, help="envs in the vector env")
+    c.add_argument("--steps", type=_positive_int, default=200, help="vector steps per run")
+    c.add_argument("--max-episode-steps", type=_positive_int, default=20,
                    help="time limit, so that episode-end faults have opportunities")
     c.add_argument("--faults", help="comma-separated faults (default: every env-side fault)")
-    c.add_argument("--dir", help="where to write the ledgers (default: a new temporary directory)")
+    c.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed when the "
+                                 "check passes)")
+    c.add_argument("--keep", action="store_true", help="keep the temporary directory even when the check passes")
     c.set_defaults(func=_check)
 
 
 def _episodes(args):
     from .episodes import check_episodes
-    report = check_episodes(args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol, atol=args.atol)
+    progress = _progress("episodes, envs")
+    try:
+        report = check_episodes(args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol,
+                                atol=args.atol, progress=progress)
+    finally:
+        progress.done()
     print(report.to_json() if args.json else str(report))
     return EXIT_OK if report.ok else EXIT_DIFFER
 
 
 def _add_episodes(sub):
     e = sub.add_parser("episodes", help="check the trainer's episode log against the episodes the envs recorded",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=_Formatter,
                        description="Derive each env's episode returns and lengths from the env-side ledgers "
                                    "(ENV_DIR/env-N.npz) and check the trainer's episode log against them: SB3's "
                                    "monitor.csv (VecMonitor or Monitor), the .npz EpisodeLogTap writes, or a CSV "
-                                   "with columns env, r, l. See docs/EPISODES.md.",
+                                   "with columns env, r, l. More: stepledger docs episodes.",
                        epilog="example:\n  stepledger episodes ledger ledger/episodes.npz\n"
                               "  stepledger episodes ledger logs/monitor.csv\n\n"
                               "exit codes: 0 the log agrees, 1 it differs, 2 cannot check")
@@ -162,30 +247,53 @@ def _add_episodes(sub):
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.add_argument("--env", type=int, help="the env index of a log that names none (a single Monitor's file)")
     e.add_argument("--match", choices=("auto", "env", "order", "multiset"), default="auto",
-                   help="how to pair logged and recorded episodes (default: per env if the log knows the env, "
+                   help="how to pair logged and recorded episodes (auto: per env if the log knows the env, "
                         "else in completion order if derivable, else as a multiset)")
     e.add_argument("--rtol", type=float, default=1e-5,
-                   help="return tolerance relative to the episode's sum of |reward| (default 1e-5)")
-    e.add_argument("--atol", type=float, default=1e-5, help="absolute return tolerance per episode (default 1e-5)")
+                   help="return tolerance relative to the episode's sum of |reward|")
+    e.add_argument("--atol", type=float, default=1e-5, help="absolute return tolerance per episode")
     e.set_defaults(func=_episodes)
 
 
 _EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes]
 
 
+def _cannot(args, message):
+    """Exit 2: one line on stderr, and with --json an error object on stdout."""
+    message = " ".join(str(message).split())
+    if getattr(args, "json", False):
+        print(_jsonout.dumps({"ok": False, "error": message}))
+    print("stepledger: %s" % message, file=sys.stderr)
+    return EXIT_CANNOT
+
+
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return EXIT_CANNOT
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _JSON_ERRORS[0] = "--json" in argv
     try:
-        return args.func(args)
-    except (LedgerError, ValueError, ImportError) as exc:
-        print("stepledger: %s" % exc, file=sys.stderr)
-        return EXIT_CANNOT
-    except KeyboardInterrupt:
-        return 130
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_CANNOT
+        try:
+            return args.func(args)
+        except (LedgerError, ValueError, ImportError, OSError) as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            return _cannot(args, exc)
+        except KeyboardInterrupt:
+            return 130
+    except BrokenPipeError:
+        # the reader went away (``stepledger show ... | head``): end quietly, as a shell tool does
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+    finally:
+        _JSON_ERRORS[0] = False
 
 
 if __name__ == "__main__":

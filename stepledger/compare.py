@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 
+from . import _jsonout
 from . import _schema as S
 from . import core
 from .errors import LedgerError
@@ -38,6 +39,7 @@ class EnvDifference:
         self.trainer_values = trainer_values or {}
         self.env_events, self.trainer_events = env_events, trainer_events
         self.side, self.counts, self.detail = side, counts, detail or {}
+        self.raw = {}  # field -> (env leaves, trainer leaves, leaf names), where values were kept
 
     def line(self):
         if self.what == "one_side":
@@ -65,11 +67,31 @@ class EnvDifference:
             text += " (" + "; ".join(parts) + ")"
         return text
 
+    def _json_values(self, values, side):
+        """The printed values as JSON values: numbers, booleans, lists of numbers; text where not numeric."""
+        out = {}
+        for f, text in values.items():
+            if f in ("terminated", "truncated"):
+                out[f] = text == "True"
+            elif f == "reward":
+                try:
+                    out[f] = float(text)  # the shortest digits that round-trip, as printed
+                except ValueError:
+                    out[f] = text  # "invalid"
+            elif f in self.raw and _json_size(self.raw[f][side]) <= _JSON_VALUES_LIMIT:
+                leaves, names = self.raw[f][side], self.raw[f][2]
+                out[f] = (np.asarray(leaves[0]).tolist() if names == [""]
+                          else {n: np.asarray(v).tolist() for n, v in zip(names, leaves)})
+            else:
+                out[f] = text
+        return out
+
     def to_dict(self):
         d = {"env": self.env, "type": self.what}
         if self.what in ("fields", "kind"):
             d.update(event=self.event, episode=self.episode, step=self.step, fields=list(self.fields),
-                     env_values=self.env_values, trainer_values=self.trainer_values)
+                     env_values=self._json_values(self.env_values, 0),
+                     trainer_values=self._json_values(self.trainer_values, 1))
             if self.detail:
                 d["first_element"] = self.detail
         if self.what == "length":
@@ -137,7 +159,14 @@ class Report:
                 "values_hint": self.values_hint}
 
     def to_json(self):
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        return _jsonout.dumps(self.to_dict())
+
+
+_JSON_VALUES_LIMIT = 4096  # elements; a larger kept value appears in JSON as its shortened text
+
+
+def _json_size(leaves):
+    return sum(int(np.asarray(v).size) for v in leaves)
 
 
 # ---------------------------------------------------------------- settings
@@ -299,7 +328,7 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
                              {"kind": S.KIND_NAMES.get(int(row_a["kind"]), str(row_a["kind"]))},
                              {"kind": S.KIND_NAMES.get(int(row_b["kind"]), str(row_b["kind"]))})
     fields = [f for f in S.FIELDS[1:] if row_a[S.FIELD_COLUMNS[f]] != row_b[S.FIELD_COLUMNS[f]]]
-    env_values, tr_values, detail = {}, {}, {}
+    env_values, tr_values, detail, raw = {}, {}, {}, {}
     for f in fields:
         col = S.FIELD_COLUMNS[f]
         if f == "reward":
@@ -322,10 +351,13 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
                     where = _first_element(va, vb, names)
                     if where:
                         detail[f] = where
-    return EnvDifference(env_id, "fields", index, episode, step, fields, env_values, tr_values, detail=detail)
+                    raw[f] = (va, vb, names)
+    d = EnvDifference(env_id, "fields", index, episode, step, fields, env_values, tr_values, detail=detail)
+    d.raw = raw
+    return d
 
 
-def compare(env_dir, trainer_file, count_all=False):
+def compare(env_dir, trainer_file, count_all=False, progress=None):
     """Compare the env-side ledgers in ``env_dir`` with the trainer ledger ``trainer_file``.
 
     Returns a Report (truthy when the two agree). Raises LedgerError when they
@@ -334,6 +366,7 @@ def compare(env_dir, trainer_file, count_all=False):
     With ``count_all``, also counts per field the events that differ after
     the first, which tells a one-off fault from a systematic one. Either
     argument may be an fsspec URL (``s3://...``), read from a local copy.
+    ``progress(done, total)``, if given, is called as the envs are compared.
     """
     env_ledger = read(env_dir)
     try:
@@ -347,7 +380,9 @@ def compare(env_dir, trainer_file, count_all=False):
         envs = sorted(set(env_ledger.streams) | set(tr_ledger.streams))
         differences = []
         hint = False
-        for e in envs:
+        for k, e in enumerate(envs):
+            if progress is not None:
+                progress(k, len(envs))
             es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
             if es is None or ts is None:
                 differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
@@ -365,6 +400,8 @@ def compare(env_dir, trainer_file, count_all=False):
                 continue
             d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
             differences.append(d)
+        if progress is not None:
+            progress(len(envs), len(envs))
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         return Report(envs, differences, partial, hint, count_all)
     except LedgerError as exc:

@@ -42,6 +42,7 @@ import re
 import gymnasium as gym
 import numpy as np
 
+from . import _jsonout
 from . import _schema as S
 from . import core
 from .__about__ import __version__
@@ -213,11 +214,12 @@ _REFUSE_TRAINER = ("%s: a trainer-side ledger; the episode check reads the env-s
                    "LedgerEnv wrote env-N.npz into")
 
 
-def recorded_episodes(env_dir, chunk=CHUNK):
+def recorded_episodes(env_dir, chunk=CHUNK, progress=None):
     """Derive every env's completed episodes from the env-side ledgers in ``env_dir``.
 
     Returns a RecordedEpisodes. Reads ``chunk`` events at a time. Raises
     LedgerError when ``env_dir`` holds no readable env-side ledger.
+    ``progress(done, total)``, if given, is called after each env.
     """
     ledger = read(env_dir)
     try:
@@ -231,11 +233,13 @@ def recorded_episodes(env_dir, chunk=CHUNK):
         names = ("env", "episode", "length", "ret", "ret32", "abs_sum", "end_step")
         rows = {k: [] for k in names}
         unfinished, cut, stray, total = {}, {}, {}, {}
-        for idx, stream in ledger.streams.items():
+        for k, (idx, stream) in enumerate(ledger.streams.items()):
             c = _stream_episodes(stream, reward_dtype, rows, cut, chunk)
             if c.active:
                 unfinished[idx] = (c.ep, c.n)
             stray[idx], total[idx] = c.stray, c.steps
+            if progress is not None:
+                progress(k + 1, len(ledger.streams))
         dtypes = {"ret": np.float64, "ret32": np.float32, "abs_sum": np.float64}
         columns = {k: (np.concatenate(v) if v else np.empty(0, dtypes.get(k, np.int64))) for k, v in rows.items()}
         return RecordedEpisodes(columns, unfinished, cut, stray, total, sorted(ledger.streams), ledger.partial)
@@ -687,7 +691,7 @@ class EpisodeReport:
         }
 
     def to_json(self):
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        return _jsonout.dumps(self.to_dict())
 
 
 # ---------------------------------------------------------------- matching
@@ -832,7 +836,7 @@ def _multiset(recorded, log, rtol, atol):
     return list(recorded.envs), diffs, n_compared, int(np.count_nonzero(~rec_matched)) + int(unl.size)
 
 
-def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL):
+def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL, progress=None):
     """Check a trainer's episode log against the episodes the env-side ledgers recorded.
 
     ``log`` is a path (``monitor.csv``, a directory of ``N.monitor.csv``,
@@ -845,6 +849,8 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
     VecEnvs and Gymnasium's SAME_STEP), else as a multiset; or force
     ``"env"``, ``"order"`` or ``"multiset"``.
 
+    ``progress(done, total)``, if given, is called as the envs' ledgers are read.
+
     Returns an EpisodeReport, truthy when the log agrees. Raises LedgerError
     when it cannot check (a missing or unreadable ledger or log, a
     trainer-side ledger given as ``env_dir``).
@@ -853,7 +859,7 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
         raise ValueError("match must be one of %s, got %r" % (", ".join(MATCH_MODES), match))
     if not (rtol >= 0 and atol >= 0):
         raise ValueError("rtol and atol must be non-negative")
-    recorded = recorded_episodes(env_dir)
+    recorded = recorded_episodes(env_dir, progress=progress)
     log = _as_log(log, env)
     if log.covers is not None:  # a log of some envs only: check those
         recorded = recorded.restrict(log.covers)

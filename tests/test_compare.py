@@ -153,8 +153,8 @@ def test_json_report(tmp_path, capsys):
     assert out["ok"] is False and out["envs"] == [0, 1] and out["n_differ"] == 1
     diff = out["differences"][0]
     assert diff["env"] == 1 and diff["type"] == "fields" and diff["episode"] == 0 and diff["step"] == 1
-    assert diff["fields"] == ["reward"] and diff["env_values"]["reward"] == "-1.0"
-    assert diff["trainer_values"]["reward"] == "-2.0"
+    assert diff["fields"] == ["reward"] and diff["env_values"]["reward"] == -1.0  # numbers, not strings
+    assert diff["trainer_values"]["reward"] == -2.0
 
 
 @pytest.mark.parametrize("what", ["reward_dtype", "obs_space", "act_space"])

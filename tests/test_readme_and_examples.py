@@ -15,8 +15,9 @@ def _blocks(lang):
     return re.findall(r"```%s\n(.*?)```" % lang, text, flags=re.S)
 
 
-def _run(args, cwd, timeout=300):
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(args, cwd, timeout=300, env_tmp=None):
+    env = dict(os.environ, TMPDIR=str(env_tmp)) if env_tmp is not None else None
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_readme_has_both_quickstarts():
@@ -98,3 +99,47 @@ sys.exit(main(["check", "Pendulum-v1", "--vector", "subproc", "--steps", "5"]))
     proc = _run([sys.executable, "-c", code], cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "plugrl-stepledger[sb3]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+_BLOCK_SB3 = r"""
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "stable_baselines3" or name.startswith("stable_baselines3."):
+            raise ImportError("blocked")
+sys.meta_path.insert(0, Block())
+sys.argv = [%r] + %r
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--steps", "10"]])
+def test_sb3_example_without_sb3_names_the_extra(tmp_path, args):
+    path = os.path.join(ROOT, "examples", "sb3_pendulum.py")
+    proc = _run([sys.executable, "-c", _BLOCK_SB3 % (path, args)], cwd=tmp_path)
+    assert "ModuleNotFoundError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    if args == ["--help"]:
+        assert proc.returncode == 0 and "--fault" in proc.stdout and "plugrl-stepledger[sb3]" in proc.stdout
+    else:
+        assert proc.returncode == 2 and "plugrl-stepledger[sb3]" in proc.stderr
+
+
+@pytest.mark.parametrize("script, args, words", [
+    ("gymnasium_async.py", ["--fault", "--num-envs", "4"], "--fault injects into envs 1, 3, 4, so it needs "
+                                                           "--num-envs 5 or more (got 4)"),
+    ("gymnasium_async.py", ["--fault", "--steps", "41"], "--fault needs --steps 42 or more"),
+    ("sb3_pendulum.py", ["--fault", "--num-envs", "2"], "--fault injects into env 2, so it needs --num-envs 3"),
+])
+def test_examples_refuse_flags_that_make_the_fault_inject_nothing(tmp_path, script, args, words):
+    proc = _run([sys.executable, os.path.join(ROOT, "examples", script), *args], cwd=tmp_path)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_example_fault_at_the_least_steps_it_accepts(tmp_path):
+    path = os.path.join(ROOT, "examples", "gymnasium_async.py")
+    proc = _run([sys.executable, path, "--fault", "--steps", "42", "--num-envs", "5"], cwd=tmp_path,
+                env_tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "3 of 5 envs differ"
+    assert os.listdir(tmp_path) == []  # its temporary directory is gone
