@@ -13,6 +13,7 @@ member carries ZIP64 sizes, and times are fixed, so the same columns always
 give the same bytes.
 """
 
+import os
 import struct
 import zlib
 
@@ -103,15 +104,21 @@ INFLATE_ERRORS = (zlib.error,) + ((_deflate.error,) if _deflate is not zlib else
 class InflateCursor:
     """Reads one deflated member forward, with ISA-L where installed.
 
-    ``read(n)`` returns up to ``n`` bytes of the member's uncompressed data.
+    It reads the file through ``fd`` with ``os.pread``, so several cursors
+    share one descriptor, and a file that is replaced by name after it was
+    opened is still read whole and alone. ``read(n)`` returns up to ``n``
+    bytes of the member's uncompressed data, inflating at most that much: a
+    member that inflates to far more than it should is never held in memory.
     When the end of the deflate stream is reached, the CRC-32 and size are
     checked against the ZIP directory's (``ValueError`` if they differ), so a
     member read to its end has been verified.
     """
 
-    def __init__(self, path, data_start, compress_size, crc, file_size):
-        self.f = open(path, "rb")
-        self.f.seek(data_start)
+    INPUT = 1 << 20  # compressed bytes read at a time
+
+    def __init__(self, fd, data_start, compress_size, crc, file_size):
+        self.fd = fd
+        self.pos = data_start
         self.left = compress_size
         self.expected = (crc, file_size)
         self.d = _deflate.decompressobj(-15)
@@ -121,6 +128,12 @@ class InflateCursor:
         self.total = 0
         self.eof = False
 
+    def _input(self):
+        src = os.pread(self.fd, min(self.left, self.INPUT), self.pos) if self.left > 0 else b""
+        self.pos += len(src)
+        self.left -= len(src)
+        return src
+
     def read(self, n):
         parts = []
         need = n
@@ -129,10 +142,7 @@ class InflateCursor:
             self.pending = self.pending[need:]
             need -= len(parts[0])
         while need > 0 and not self.eof:
-            src = self.tail
-            if not src:
-                src = self.f.read(min(self.left, 1 << 20))
-                self.left -= len(src)
+            src = self.tail or self._input()
             if src:
                 out = self.d.decompress(src, need)  # never more than asked: no leftover to keep
             else:  # all input given: what the decompressor still holds, then the end of stream
@@ -143,6 +153,9 @@ class InflateCursor:
             if out:
                 self.crc = _crc32(out, self.crc)
                 self.total += len(out)
+                if self.total > self.expected[1]:
+                    raise ValueError("inflates to more than the %d bytes the ZIP directory declares"
+                                     % self.expected[1])
                 if len(out) > need:
                     out, self.pending = out[:need], out[need:]
                 parts.append(out)
@@ -161,4 +174,4 @@ class InflateCursor:
             n -= got
 
     def close(self):
-        self.f.close()
+        self.d = None  # the descriptor belongs to the file's reader

@@ -14,6 +14,8 @@ import contextlib
 import io
 import json
 import os
+import stat
+import struct
 import zipfile
 import zlib
 
@@ -215,119 +217,325 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
 
 
 # ---------------------------------------------------------------- reading
+#
+# A reader opens each file once, checks that it is a regular file, and reads
+# every member through that one descriptor (os.pread), so a writer that
+# publishes a new file under the same name (flush(), os.replace) while it is
+# read cannot mix two files. Nothing is inflated before every member's
+# declared size and .npy header agree with each other, with the meta and with
+# the stream offsets; the few members read whole are bounded by the reader
+# limits in _schema.py, and event columns are read in chunks.
 
-# What zipfile, zlib and numpy's header parser raise on a damaged file.
+_EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")
+_ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_MAX16, _MAX32 = 0xFFFF, 0xFFFFFFFF
+_MAX_DEFLATE_RATIO = 1032  # raw deflate never gives more than this many bytes for one
+_STORED, _DEFLATED = 0, 8
+
+# What zlib and numpy's header parser raise on a damaged member.
 _READ_ERRORS = (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError,
-                RuntimeError) + INFLATE_ERRORS
+                RuntimeError, OverflowError) + INFLATE_ERRORS
+
+
+def _short(exc):
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+def _pread(fd, n, offset):
+    """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts, got = [], 0
+    while got < n:
+        data = os.pread(fd, n - got, offset + got)
+        if not data:
+            break
+        parts.append(data)
+        got += len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def open_regular(path):
+    """Open ``path`` for reading if it is a regular file: (descriptor, size), else LedgerError.
+
+    Opened without blocking, so a FIFO or a device is refused at once rather
+    than read forever; the check is made on the open descriptor, so what is
+    read is what was checked.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise LedgerError("%s: no such file" % path) from None
+    except (OSError, ValueError) as exc:
+        raise LedgerError("%s: cannot open (%s)" % (path, getattr(exc, "strerror", None) or _short(exc))) from None
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise LedgerError("%s: cannot open (%s)" % (path, exc.strerror or _short(exc))) from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise LedgerError("%s: is a directory, not a ledger file" % path)
+        what = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "not a regular file")
+        raise LedgerError("%s: is %s, not a ledger file (only regular files are read)" % (path, what))
+    return fd, st.st_size
+
+
+class _Entry:
+    """One member as the ZIP central directory declares it."""
+
+    __slots__ = ("name", "method", "crc", "csize", "usize", "offset", "data")
+
+    def __init__(self, name, method, crc, csize, usize, offset):
+        self.name, self.method, self.crc = name, method, crc
+        self.csize, self.usize, self.offset = csize, usize, offset
+        self.data = None  # offset of the member's data, after its local header
+
+    @property
+    def compress_type(self):
+        return self.method
+
+    @property
+    def file_size(self):
+        return self.usize
+
+
+def _zip64_extra(extra, usize, csize, offset):
+    """The sizes and offset of a central directory entry, from its ZIP64 extra field where needed."""
+    i = 0
+    while i + 4 <= len(extra):
+        tag, size = struct.unpack_from("<HH", extra, i)
+        if tag == 1:
+            values = list(struct.unpack_from("<%dQ" % min(size // 8, 3), extra, i + 4)) if size >= 8 else []
+            if usize == _MAX32 and values:
+                usize = values.pop(0)
+            if csize == _MAX32 and values:
+                csize = values.pop(0)
+            if offset == _MAX32 and values:
+                offset = values.pop(0)
+            break
+        i += 4 + size
+    return usize, csize, offset
+
+
+def read_directory(fd, size, path):
+    """The members of a ZIP file: {name: _Entry}, each checked to lie in the file, apart from the others.
+
+    Refuses, before anything is inflated, a directory larger than the reader
+    limits, encrypted or unknown compression, a name given twice, members
+    that overlap or run past the directory, and declared sizes that stored or
+    deflated data cannot have.
+    """
+    magic = _pread(fd, 4, 0)
+    if size < _EOCD.size:
+        if size == 0:
+            raise LedgerError("%s: empty file, not a ledger" % path)
+        raise LedgerError("%s: not a ledger (%d bytes, too short for an .npz file)" % (path, size))
+    tail_len = min(size, _EOCD.size + _MAX16 + _ZIP64_LOCATOR.size)
+    tail = _pread(fd, tail_len, size - tail_len)
+    at = len(tail)
+    while True:
+        at = tail.rfind(b"PK\x05\x06", 0, at)
+        if at < 0:
+            if magic == b"PK\x03\x04":
+                raise LedgerError("%s: damaged or truncated ledger (no ZIP end record)" % path)
+            raise LedgerError("%s: not a ledger (not an .npz file)" % path)
+        if at + _EOCD.size <= len(tail) and _EOCD.unpack_from(tail, at)[7] == len(tail) - at - _EOCD.size:
+            break
+    _, disk, cd_disk, _, count, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
+    end = size - tail_len + at  # where the end record starts
+    if at >= _ZIP64_LOCATOR.size and tail[at - _ZIP64_LOCATOR.size:at - _ZIP64_LOCATOR.size + 4] == b"PK\x06\x07":
+        _, _, z64, _ = _ZIP64_LOCATOR.unpack_from(tail, at - _ZIP64_LOCATOR.size)
+        record = _pread(fd, _ZIP64_EOCD.size, z64) if z64 + _ZIP64_EOCD.size <= end else b""
+        if len(record) != _ZIP64_EOCD.size or record[:4] != b"PK\x06\x06":
+            raise LedgerError("%s: damaged ledger (bad ZIP64 end record)" % path)
+        _, _, _, _, disk, cd_disk, _, count, cd_size, cd_offset = _ZIP64_EOCD.unpack(record)
+        end = z64
+    if disk or cd_disk:
+        raise LedgerError("%s: not a ledger (a multi-part ZIP file)" % path)
+    if count > S.MAX_MEMBERS:
+        raise LedgerError("%s: not a ledger (%d members; a reader accepts at most %d)" % (path, count, S.MAX_MEMBERS))
+    if cd_size > S.MAX_DIRECTORY_BYTES or cd_offset + cd_size > end:
+        raise LedgerError("%s: damaged ledger (the ZIP directory declares %d bytes at %d, in a file of %d)"
+                          % (path, cd_size, cd_offset, size))
+    cd = _pread(fd, cd_size, cd_offset)
+    entries, pos = {}, 0
+    for _ in range(count):
+        if pos + _CENTRAL.size > len(cd):
+            raise LedgerError("%s: damaged ledger (the ZIP directory is cut short)" % path)
+        (sig, _, _, flags, method, _, _, crc, csize, usize, n_name, n_extra, n_comment, _, _, _,
+         offset) = _CENTRAL.unpack_from(cd, pos)
+        if sig != b"PK\x01\x02":
+            raise LedgerError("%s: damaged ledger (bad ZIP directory entry)" % path)
+        raw = cd[pos + _CENTRAL.size:pos + _CENTRAL.size + n_name]
+        extra = cd[pos + _CENTRAL.size + n_name:pos + _CENTRAL.size + n_name + n_extra]
+        pos += _CENTRAL.size + n_name + n_extra + n_comment
+        name = raw.decode("utf-8", "replace")
+        usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
+        if flags & 1:
+            raise LedgerError("%s: member %s is encrypted; a ledger never is" % (path, name))
+        if method not in (_STORED, _DEFLATED):
+            raise LedgerError("%s: member %s uses ZIP compression method %d; a ledger uses stored or deflate"
+                              % (path, name, method))
+        if name in entries:
+            raise LedgerError("%s: member %s appears twice" % (path, name))
+        if method == _STORED and csize != usize:
+            raise LedgerError("%s: member %s is stored but declares %d bytes in %d" % (path, name, usize, csize))
+        if method == _DEFLATED and usize > csize * _MAX_DEFLATE_RATIO + 64:
+            raise LedgerError("%s: member %s declares %d bytes inflated from %d, more than deflate can give"
+                              % (path, name, usize, csize))
+        entries[name] = _Entry(name, method, crc, csize, usize, offset)
+        entries[name].data = raw  # the name as bytes, until the local header is checked
+    # Every member's local header, and no member overlapping another or the directory.
+    limit = cd_offset
+    for e in sorted(entries.values(), key=lambda e: e.offset, reverse=True):
+        local = _pread(fd, _LOCAL.size, e.offset) if e.offset + _LOCAL.size <= limit else b""
+        if len(local) != _LOCAL.size or local[:4] != b"PK\x03\x04":
+            raise LedgerError("%s: member %s has a damaged local header" % (path, e.name))
+        n_name, n_extra = _LOCAL.unpack(local)[9:]
+        if _pread(fd, n_name, e.offset + _LOCAL.size) != e.data:
+            raise LedgerError("%s: member %s has a damaged local header (another name)" % (path, e.name))
+        e.data = e.offset + _LOCAL.size + n_name + n_extra
+        if e.data + e.csize > limit:
+            raise LedgerError("%s: member %s runs into %s" % (
+                path, e.name, "the ZIP directory" if limit == cd_offset else "the next member"))
+        limit = e.offset
+    return entries
+
+
+def _parse_npy_header(prefix):
+    """(shape, fortran order, dtype, header length) of a .npy header at the start of ``prefix``."""
+    if len(prefix) < 10 or prefix[:6] != b"\x93NUMPY":
+        raise ValueError("not a .npy array")
+    version = (prefix[6], prefix[7])
+    if version == (1, 0):
+        start, length = 10, struct.unpack_from("<H", prefix, 8)[0]
+        read_header = np.lib.format.read_array_header_1_0
+    elif version == (2, 0):
+        if len(prefix) < 12:
+            raise ValueError("not a .npy array")
+        start, length = 12, struct.unpack_from("<I", prefix, 8)[0]
+        read_header = np.lib.format.read_array_header_2_0
+    else:
+        raise ValueError(".npy version %d.%d" % version)
+    if length > S.MAX_NPY_HEADER:
+        raise ValueError(".npy header of %d bytes" % length)
+    if len(prefix) < start + length:
+        raise ValueError(".npy header cut short")
+    f = io.BytesIO(prefix[:start + length])
+    f.seek(8)
+    try:
+        shape, fortran, dtype = read_header(f, max_header_size=S.MAX_NPY_HEADER + 1)
+    except Exception as exc:  # numpy's parser of an untrusted header: whatever it raises
+        raise ValueError("bad .npy header (%s)" % _short(exc)) from None
+    return tuple(int(d) for d in shape), bool(fortran), dtype, start + length
 
 
 class _ColumnSource:
-    """One member of one file: memory-mapped if stored, streamed if compressed."""
+    """One member of one open file: its header checked, its rows read on demand through the file's descriptor."""
 
-    def __init__(self, path, zf, info, name):
-        self.path, self.zf, self.info, self.name = path, zf, info, name
-        try:
-            with zf.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                elif version == (2, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                else:
-                    raise ValueError("npy version %s" % (version,))
-                self.header_len = f.tell()
-        except _READ_ERRORS as exc:
-            raise LedgerError("%s: member %s is not a readable array (%s)" % (path, name, _short(exc))) from None
-        if dtype.hasobject:
-            raise LedgerError("%s: member %s holds pickled objects; a ledger never does" % (path, name))
-        if fortran:
-            raise LedgerError("%s: member %s is in Fortran order; a ledger never is" % (path, name))
-        self.shape, self.dtype = tuple(shape), dtype
-        self.stored = info.compress_type == zipfile.ZIP_STORED
+    def __init__(self, lf, entry, name):
+        self.path, self.fd, self.info, self.name = lf.path, lf.fd, entry, name
+        self.stored = entry.method == _STORED
         self._cursor = None
         self._pos = 0
-        self._offset = None
         self._crc = None  # running CRC-32 of a stored member read in order from its start
         self._crc_rows = 0
         self.verify = True
+        want = min(entry.usize, 12)
+        try:
+            if self.stored:
+                prefix = _pread(self.fd, min(entry.usize, S.MAX_NPY_HEADER + 12), entry.data)
+            else:
+                cursor = self._new_cursor()
+                prefix = cursor.read(want)
+                if len(prefix) >= 10 and prefix[:6] == b"\x93NUMPY":
+                    start = 10 if prefix[6] == 1 else 12
+                    length = struct.unpack_from("<H" if prefix[6] == 1 else "<I", prefix, 8)[0]
+                    if length <= S.MAX_NPY_HEADER:
+                        prefix = prefix[:want] + cursor.read(start + length - want)
+                self._cursor = cursor
+            shape, fortran, dtype, self.header_len = _parse_npy_header(prefix)
+        except _READ_ERRORS as exc:
+            raise LedgerError("%s: member %s is not a readable array (%s)" % (self.path, name, _short(exc))) from None
+        if dtype.hasobject:
+            raise LedgerError("%s: member %s holds pickled objects; a ledger never does" % (self.path, name))
+        if fortran:
+            raise LedgerError("%s: member %s is in Fortran order; a ledger never is" % (self.path, name))
+        if dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0 and dtype.kind != "U":
+            raise LedgerError("%s: member %s has a structured dtype %s; a ledger's arrays are plain"
+                              % (self.path, name, dtype))
+        self.shape, self.dtype = shape, dtype
+        count = 1
+        for d in shape:
+            count *= d
+        data_bytes = count * dtype.itemsize
+        if self.header_len + data_bytes != entry.usize:
+            raise LedgerError("%s: member %s: its header says %s %s (%d bytes), the ZIP directory %d bytes"
+                              % (self.path, name, dtype, shape, data_bytes, entry.usize - self.header_len))
+        self._pos = 0  # rows read by the cursor (it is just past the header)
 
-    def _data_offset(self):
-        with open(self.path, "rb") as f:
-            f.seek(self.info.header_offset)
-            local = f.read(30)
-        if len(local) < 30 or local[:4] != b"PK\x03\x04":
-            raise LedgerError("%s: member %s has a damaged local header" % (self.path, self.name))
-        n, e = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
-        return self.info.header_offset + 30 + n + e + self.header_len
+    def _new_cursor(self):
+        e = self.info
+        return InflateCursor(self.fd, e.data, e.csize, e.crc, e.usize)
+
+    def rows(self):
+        return self.shape[0] if self.shape else 1
 
     def array(self):
-        """The whole member: a read-only memory map if stored, else loaded."""
-        if self.stored:
-            count = int(np.prod(self.shape, dtype=np.int64))
-            if count == 0:
-                return np.empty(self.shape, dtype=self.dtype)
-            size = os.path.getsize(self.path)
-            off = self._data_offset()
-            if off + count * self.dtype.itemsize > size:
-                raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
-            return np.memmap(self.path, dtype=self.dtype, mode="r", offset=off, shape=self.shape)
-        return self.read(0, self.shape[0] if self.shape else 1).reshape(self.shape)
+        """The whole member, loaded (used for the small members: meta, env_index, offsets)."""
+        return self.read(0, self.rows()).reshape(self.shape)
 
     def read(self, start, stop):
-        """Rows [start, stop) of a member, read forward without loading the rest.
-
-        Stored members are read with plain file reads, not memory-mapped, so
-        that streaming through a long ledger does not grow the process's RSS.
-        """
-        row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        """Rows [start, stop) of a member, read forward without loading the rest."""
+        rows = self.rows()
+        if not 0 <= start <= stop <= rows:
+            raise LedgerError("%s: member %s has no rows [%d, %d)" % (self.path, self.name, start, stop))
+        row_bytes = self.dtype.itemsize
+        for d in self.shape[1:]:
+            row_bytes *= d
         if self.stored:
-            return self._read_stored(start, stop, row_bytes)
+            return self._read_stored(start, stop, rows, row_bytes)
         try:
             if self._cursor is None or start < self._pos:
-                if self._cursor is not None:
-                    self._cursor.close()
-                if self._offset is None:
-                    self._offset = self._data_offset()
-                info = self.info
-                self._cursor = InflateCursor(self.path, self._offset - self.header_len, info.compress_size,
-                                             info.CRC, info.file_size)
-                self._cursor.read(self.header_len)
+                self._cursor = self._new_cursor()
+                self._cursor.skip(self.header_len)
                 self._pos = 0
             if start > self._pos:
                 self._cursor.skip((start - self._pos) * row_bytes)
             want = (stop - start) * row_bytes
             data = self._cursor.read(want)
-            if (stop == (self.shape[0] if self.shape else 1)) and len(data) == want and self._cursor.read(1):
+            if stop == rows and len(data) == want and self._cursor.read(1):
                 raise LedgerError("%s: member %s holds more data than its header says" % (self.path, self.name))
             # reading past the last row reaches the end of the stream, where its CRC is checked
         except _READ_ERRORS as exc:
+            self._cursor = None
             raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
         if len(data) != want:
+            self._cursor = None
             raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
         self._pos = stop
         return np.frombuffer(data, dtype=self.dtype).reshape((stop - start,) + self.shape[1:])
 
-
-    def _read_stored(self, start, stop, row_bytes):
-        rows = self.shape[0] if self.shape else 1
-        if not 0 <= start <= stop <= rows:
-            raise LedgerError("%s: member %s has no rows [%d, %d)" % (self.path, self.name, start, stop))
+    def _read_stored(self, start, stop, rows, row_bytes):
         out = np.empty((stop - start,) + self.shape[1:], dtype=self.dtype)
         want = (stop - start) * row_bytes
         if want == 0:
             return out
-        if self._offset is None:
-            self._offset = self._data_offset()
         view = memoryview(out.reshape(-1).view(np.uint8))
+        offset = self.info.data + self.header_len + start * row_bytes
         got = 0
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset + start * row_bytes)
-                while got < want:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
+            while got < want:
+                n = os.preadv(self.fd, [view[got:]], offset + got)
+                if not n:
+                    break
+                got += n
         except OSError as exc:
             raise LedgerError("%s: member %s cannot be read (%s)" % (self.path, self.name, _short(exc))) from None
         if got != want:
@@ -339,14 +547,12 @@ class _ColumnSource:
     def _check_crc(self, start, stop, rows, data):
         """Check a stored member's CRC-32 when it has been read through in order.
 
-        Deflated members are checked by zipfile; stored ones are read
-        directly, so flipped bytes in a digest column would otherwise go
-        unnoticed. Reads out of order just skip the check.
+        Deflated members are checked by their cursor at the end of the stream;
+        stored ones are read directly, so flipped bytes in a digest column
+        would otherwise go unnoticed. Reads out of order just skip the check.
         """
         if start == 0:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset - self.header_len)
-                self._crc = zlib.crc32(f.read(self.header_len))  # the CRC covers the .npy header too
+            self._crc = zlib.crc32(_pread(self.fd, self.header_len, self.info.data))  # it covers the header too
             self._crc_rows = 0
         if self._crc is None or start != self._crc_rows:
             self._crc = None
@@ -355,8 +561,17 @@ class _ColumnSource:
         self._crc_rows = stop
         if stop == rows:
             crc, self._crc = self._crc, None
-            if crc != self.info.CRC:
+            if crc != self.info.crc:
                 raise LedgerError("%s: member %s is corrupted (CRC-32 mismatch)" % (self.path, self.name))
+
+    def verify_whole(self):
+        """Inflate a compressed member to its end through a fresh cursor, so that its CRC-32 is checked."""
+        try:
+            cursor = self._new_cursor()
+            cursor.skip(self.info.usize)
+            cursor.read(1)
+        except _READ_ERRORS as exc:
+            raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
 
 
 class Rows:
@@ -381,24 +596,6 @@ class Rows:
         return self.source.read(self.start + a, self.start + max(a, b))
 
 
-def _unreadable_zip(path, exc):
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError:
-        magic = b""
-    if magic == b"PK\x03\x04":
-        return "%s: damaged or truncated ledger (%s)" % (path, _short(exc))
-    if not magic:
-        return "%s: empty file, not a ledger" % path
-    return "%s: not a ledger (not an .npz file: %s)" % (path, _short(exc))
-
-
-def _short(exc):
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
-
-
 def check_meta(path, meta):
     """Check a ledger's parsed meta against the schema (``_schema.META_KEYS``); LedgerError naming the key.
 
@@ -416,98 +613,137 @@ def check_meta(path, meta):
         raise LedgerError("%s: meta key %s %s" % (path, exc.key, exc.problem)) from None
 
 
+def _leaf_dtype(name):
+    dtype = np.dtype(name)
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
 class LedgerFile:
-    """One ledger file (final or spill segment), validated on open."""
+    """One ledger file (final or spill segment), opened once and validated on open.
+
+    ``meta`` (checked against the schema), ``stream_ids``, ``offsets``,
+    ``members`` (name -> declared entry) and ``source(name)`` to read a
+    member's rows. Every member is read through the one descriptor opened
+    here; ``close()`` releases it.
+    """
 
     def __init__(self, path, verify=True):
         self.path = path
         self.verify = verify  # check the CRC of stored members read through in order
-        if not os.path.exists(path):
-            raise LedgerError("%s: no such file" % path)
-        if os.path.isdir(path):
-            raise LedgerError("%s: is a directory, not a ledger file" % path)
+        self.fd = None
+        self._sources = {}
+        fd, size = open_regular(path)
+        self.fd = fd
         try:
-            self.zf = zipfile.ZipFile(path)
-            infos = {info.filename: info for info in self.zf.infolist()}
-        except _READ_ERRORS as exc:
-            raise LedgerError(_unreadable_zip(path, exc)) from None
-        try:
-            self._validate(infos)
+            entries = read_directory(fd, size, path)
+            self._validate(entries)
         except LedgerError:
-            self.zf.close()
+            self.close()
             raise
-        except Exception as exc:  # anything numpy or zipfile raises on a malformed file
-            self.zf.close()
+        except Exception as exc:  # a malformed file numpy or struct trips on: still one line, naming the file
+            self.close()
             raise LedgerError("%s: not a readable ledger (%s)" % (path, _short(exc))) from None
 
-    def _validate(self, infos):
+    def _validate(self, entries):
         path = self.path
-        self.members = {}
-        for fname, info in infos.items():
-            if fname.endswith(".npy"):
-                self.members[fname[:-4]] = info
+        self.members = {name[:-4]: e for name, e in entries.items() if name.endswith(".npy")}
         for required in (S.META_MEMBER, S.STREAM_INDEX_MEMBER, S.STREAM_OFFSETS_MEMBER) + S.EVENT_COLUMN_NAMES:
             if required not in self.members:
                 raise LedgerError("%s: not a ledger (no %r member)" % (path, required))
-        self._sources = {}
-        meta = self.source(S.META_MEMBER).array()
-        if meta.dtype.kind != "U" or meta.shape != ():
+        # The meta, bounded, first: it says what the other members must be.
+        meta_src = self.source(S.META_MEMBER)
+        if meta_src.dtype.kind != "U" or meta_src.shape != ():
             raise LedgerError("%s: not a ledger (meta is not a string)" % path)
+        if meta_src.dtype.itemsize > 4 * S.MAX_META_CHARS:
+            raise LedgerError("%s: meta of %d characters, more than a reader accepts (%d)"
+                              % (path, meta_src.dtype.itemsize // 4, S.MAX_META_CHARS))
         try:
-            self.meta = json.loads(str(meta[()]))
+            self.meta = json.loads(str(meta_src.array()[()]))
         except (ValueError, RecursionError):
             raise LedgerError("%s: not a ledger (meta is not JSON)" % path) from None
         self.leaves = check_meta(path, self.meta)
-        ids = np.asarray(self.source(S.STREAM_INDEX_MEMBER).array())
-        offsets = np.asarray(self.source(S.STREAM_OFFSETS_MEMBER).array())
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or offsets.ndim != 1 or offsets.dtype.kind not in "iu":
-            raise LedgerError("%s: env_index and offsets must be 1-d integer arrays" % path)
-        if len(set(ids.tolist())) != len(ids) or (ids.size and ids.min() < 0):
+        # The stream index and offsets: their headers before their data.
+        ids_src, off_src = self.source(S.STREAM_INDEX_MEMBER), self.source(S.STREAM_OFFSETS_MEMBER)
+        for src in (ids_src, off_src):
+            if len(src.shape) != 1 or src.dtype.kind not in "iu" or src.dtype.itemsize > 8:
+                raise LedgerError("%s: env_index and offsets must be 1-d integer arrays (%s is %s %s)"
+                                  % (path, src.name, src.dtype, src.shape))
+        if ids_src.shape[0] > S.MAX_STREAMS:
+            raise LedgerError("%s: env_index holds %d streams; a reader accepts at most %d"
+                              % (path, ids_src.shape[0], S.MAX_STREAMS))
+        if off_src.shape != (ids_src.shape[0] + 1,):
+            raise LedgerError("%s: stream offsets are inconsistent (%d offsets for %d streams)"
+                              % (path, off_src.shape[0], ids_src.shape[0]))
+        ids = ids_src.array()
+        offsets = off_src.array()
+        if ids.size and (ids.min() < 0 or (ids.dtype.kind == "u" and ids.max() > np.iinfo(np.int64).max)):
+            raise LedgerError("%s: env_index holds a negative or repeated env index" % path)
+        ids = ids.astype(np.int64)
+        if len(np.unique(ids)) != len(ids):
             raise LedgerError("%s: env_index holds a negative or repeated env index" % path)
         self.stream_ids = [int(x) for x in ids]
+        if offsets.dtype.kind == "u" and offsets.size and offsets.max() > np.iinfo(np.int64).max:
+            raise LedgerError("%s: stream offsets are inconsistent" % path)
         self.offsets = offsets.astype(np.int64)
-        if self.offsets.shape != (len(self.stream_ids) + 1,) or self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0):
+        if self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0):
             raise LedgerError("%s: stream offsets are inconsistent" % path)
         total = int(self.offsets[-1])
+        # Every column and kept value: dtype and shape as the offsets and the meta say.
         for name, dt in S.FILE_COLUMNS:
             if name in self.members:
                 src = self.source(name)
                 if src.shape != (total,) or src.dtype != np.dtype(dt):
                     raise LedgerError("%s: column %s has shape %s and dtype %s, expected (%d,) %s"
                                       % (path, name, src.shape, src.dtype, total, np.dtype(dt)))
+        expected = {}
+        if self.meta["keep_values"]:
+            for field, key in (("obs", "observation_space"), ("act", "action_space")):
+                for j, (dt, shape) in enumerate(self.leaves[key]):
+                    expected[values_member(field, j)] = (_leaf_dtype(dt), (total,) + tuple(shape))
+        for name in self.members:
+            if name.startswith("values_") and name not in expected:
+                raise LedgerError("%s: member %s is not a kept value of this ledger (keep_values %s)"
+                                  % (path, name, json.dumps(self.meta["keep_values"])))
+        for name, (dt, shape) in expected.items():
+            if name not in self.members:
+                raise LedgerError("%s: keep_values is true but member %s is missing" % (path, name))
+            src = self.source(name)
+            if src.shape != shape or src.dtype != dt:
+                raise LedgerError("%s: member %s has shape %s and dtype %s, expected %s %s (from the meta's space)"
+                                  % (path, name, src.shape, src.dtype, shape, dt))
         if self.verify:
             # Compressed members that are small once inflated are read through now, so that
             # their CRC is checked: a flipped byte can inflate without error, and some members
             # (the position columns) are not read by compare. Larger ones are checked when they
             # are read to their end.
-            for name, info in self.members.items():
-                if info.compress_type != zipfile.ZIP_STORED and info.file_size <= _VERIFY_AT_OPEN:
-                    try:
-                        src = self.source(name)
-                        if src._offset is None:
-                            src._offset = src._data_offset()
-                        cursor = InflateCursor(path, src._offset - src.header_len, info.compress_size, info.CRC,
-                                               info.file_size)
-                        try:
-                            cursor.skip(info.file_size)
-                            cursor.read(1)
-                        finally:
-                            cursor.close()
-                    except _READ_ERRORS as exc:
-                        raise LedgerError("%s: member %s is damaged (%s)" % (path, name, _short(exc))) from None
+            for name, e in self.members.items():
+                if e.method != _STORED and e.usize <= _VERIFY_AT_OPEN:
+                    self.source(name).verify_whole()
 
     def source(self, name):
         src = self._sources.get(name)
         if src is None:
             if name not in self.members:
                 raise LedgerError("%s: no member %r" % (self.path, name))
-            src = self._sources[name] = _ColumnSource(self.path, self.zf, self.members[name], name)
+            src = self._sources[name] = _ColumnSource(self, self.members[name], name)
             src.verify = self.verify
         return src
 
     def close(self):
         for src in self._sources.values():
-            if src._cursor is not None:
-                src._cursor.close()
-                src._cursor = None
-        self.zf.close()
+            src._cursor = None
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

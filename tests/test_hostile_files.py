@@ -135,3 +135,123 @@ def test_schema_is_one_line_a_key():
     for key in S.META_KEYS:
         assert key.type in S.META_TYPES
         assert set(key.required) <= set(S.SIDES)
+
+
+# ---------------------------------------------------------------- a file replaced while it is read (issue 12, rule 4)
+
+_FLUSHING_WRITER = r"""
+import functools, os, sys, time
+import gymnasium as gym, numpy as np
+import envs_for_tests as E
+from stepledger import LedgerEnv, LedgerVectorEnv
+directory, seconds = sys.argv[1], float(sys.argv[2])
+def make(i):
+    return LedgerEnv(E.CountEnv(length=50), directory, index=i, keep_values=True)
+sync = gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(4)])
+envs = LedgerVectorEnv(sync, os.path.join(directory, "trainer.npz"), keep_values=True)
+envs.reset(seed=0)
+actions = np.zeros(4, dtype=np.int64)
+flushes, end = 0, time.time() + seconds
+while time.time() < end:
+    for _ in range(300 if flushes else 5000):
+        envs.step(actions)
+    sync.call("flush")
+    envs.flush()
+    flushes += 1
+    if flushes == 1:
+        open(os.path.join(directory, "ready"), "w").close()
+print(flushes)
+envs.close()
+"""
+
+
+def test_reader_never_sees_a_torn_file_while_a_writer_flushes(tmp_path):
+    """A writer process flushes both sides in a loop (each flush publishes new files by os.replace) while
+    this process reads and compares them over and over: every read must succeed. Before every member was
+    read through the descriptor opened first, most of these reads failed ("CRC-32 mismatch", "damaged
+    local header", "deflate stream ends early")."""
+    import time
+    directory = str(tmp_path)
+    writer = subprocess.Popen([sys.executable, "-c", _FLUSHING_WRITER, directory, "6"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS_DIR), TESTS_DIR])))
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(directory, "ready")):
+            assert writer.poll() is None and time.time() < deadline, writer.communicate()
+            time.sleep(0.05)
+        trainer = os.path.join(directory, "trainer.npz")
+        reads = compares = 0
+        failures = []
+        while writer.poll() is None:
+            try:
+                with read(trainer) as led:
+                    for stream in led.streams.values():
+                        stream.columns, stream.values
+                reads += 1
+                report = compare(directory, trainer)
+                compares += 1
+                # both sides are flushed at different moments: a stream may stop early, nothing else
+                assert all(d.what == "length" for d in report.differences), str(report)
+            except LedgerError as exc:
+                failures.append(str(exc))
+        out, err = writer.communicate(timeout=60)
+        assert writer.returncode == 0, err
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    flushes = int(out.strip().splitlines()[-1])
+    assert flushes >= 5 and reads >= 5 and compares >= 5, (flushes, reads, compares)
+    assert not failures, "%d of %d reads failed, e.g. %s" % (len(failures), reads + len(failures), failures[0])
+
+
+# ---------------------------------------------------------------- only regular files
+
+@pytest.fixture(scope="module")
+def clean_pair(tmp_path_factory):
+    return H.record_pair(tmp_path_factory.mktemp("clean"))
+
+
+def test_device_fifo_and_directory_are_refused_at_once(clean_pair, tmp_path):
+    env_dir, trainer = clean_pair
+    fifo = str(tmp_path / "fifo.npz")
+    os.mkfifo(fifo)
+    link = str(tmp_path / "zero.npz")
+    os.symlink("/dev/zero", link)
+    cases = [("/dev/zero", "a character device"), (link, "a character device"), (fifo, "a FIFO"),
+             (str(tmp_path), "no env ledgers"), (env_dir + "/env-0.npz.spill", "no such file")]
+    for path, words in cases:
+        with pytest.raises(LedgerError) as info:
+            read(path)
+        assert words in str(info.value) and "\n" not in str(info.value)
+        assert_refused(cli("show", path, timeout=20), words)
+        assert_refused(cli("compare", env_dir, path, timeout=20), words)
+    os.mkdir(str(tmp_path / "dir.npz"))
+    assert_refused(cli("compare", env_dir, str(tmp_path / "dir.npz"), timeout=20), "no env ledgers")
+
+
+def test_special_files_inside_an_env_directory(clean_pair, tmp_path):
+    import shutil
+    env_dir, trainer = copy_pair(clean_pair, tmp_path / "pair")
+    os.unlink(os.path.join(env_dir, "env-1.npz"))
+    os.mkfifo(os.path.join(env_dir, "env-1.npz"))
+    assert_refused(cli("compare", env_dir, trainer, timeout=20), "env-1.npz", "a FIFO")
+    os.unlink(os.path.join(env_dir, "env-1.npz"))
+    os.symlink("/dev/zero", os.path.join(env_dir, "env-1.npz"))
+    assert_refused(cli("compare", env_dir, trainer, timeout=20), "env-1.npz", "character device")
+    os.unlink(os.path.join(env_dir, "env-1.npz"))
+    os.mkdir(os.path.join(env_dir, "env-1.npz"))
+    assert_refused(cli("episodes", env_dir, trainer, timeout=20), "env-1.npz", "is a directory")
+    shutil.rmtree(os.path.join(env_dir, "env-1.npz"))
+    os.mkdir(os.path.join(env_dir, "env-1.npz.spill"))
+    os.mkfifo(os.path.join(env_dir, "env-1.npz.spill", "seg-000000.npz"))
+    assert_refused(cli("show", env_dir, timeout=20), "seg-000000.npz", "a FIFO")
+
+
+def test_unreadable_file_and_directory(clean_pair, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their permissions")
+    env_dir, trainer = copy_pair(clean_pair, tmp_path / "pair")
+    os.chmod(trainer, 0)
+    assert_refused(cli("show", trainer, timeout=20), "trainer.npz", "Permission denied")
