@@ -72,6 +72,51 @@ def leaf_header(tag, shape):
     return bytes((len(tag),)) + tag + bytes((len(shape),)) + struct.pack("<%dQ" % len(shape), *shape)
 
 
+def encode_leaves(leaves):
+    """The message a value's digest is taken over: each leaf's header, then its bytes."""
+    parts = []
+    for arr in leaves:
+        arr = np.asarray(arr)
+        parts.append(leaf_header(dtype_tag(arr.dtype), arr.shape))
+        parts.append(arr.tobytes(order="C"))
+    return b"".join(parts)
+
+
+def decode_leaves(data):
+    """The leaves of an encoded value (encode_leaves' inverse); ValueError if it is not one."""
+    try:
+        return _decode_leaves(memoryview(bytes(data)))
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise ValueError("not an encoded value (%s)" % exc) from None
+
+
+def _decode_leaves(data):
+    out, pos = [], 0
+    while pos < len(data):
+        n = data[pos]
+        tag = bytes(data[pos + 1: pos + 1 + n]).decode("ascii")
+        pos += 1 + n
+        ndim = data[pos]
+        shape = struct.unpack_from("<%dQ" % ndim, data, pos + 1)
+        pos += 1 + 8 * ndim
+        dtype = canonical_tag_dtype(tag)
+        size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if pos + size > len(data):
+            raise ValueError("an encoded value ends early")
+        out.append(np.frombuffer(data[pos: pos + size], dtype=dtype).reshape(shape))
+        pos += size
+    return out
+
+
+def canonical_tag_dtype(tag):
+    """The little-endian dtype of a leaf header's tag (``f4``, ``u1``, ``b1``...)."""
+    kind, size = tag[0], int(tag[1:])
+    if kind not in "biufc" or size not in (1, 2, 4, 8, 16):
+        raise ValueError("not a leaf dtype tag: %r" % tag)
+    dtype = np.dtype("?" if kind == "b" else "%s%d" % (kind, size))
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
 def _update(h, arr, row_shape, data):
     h.update(leaf_header(dtype_tag(arr.dtype), row_shape))
     h.update(data)

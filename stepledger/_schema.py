@@ -39,6 +39,11 @@ META_MEMBER = "meta"
 STREAM_INDEX_MEMBER = "env_index"
 STREAM_OFFSETS_MEMBER = "offsets"
 VALUES_MEMBER = "values_{field}_{leaf}"  # field is "obs" or "act"
+# Kept values that do not fit the space's fixed leaves (a value of another shape than its
+# space's): their leaf encoding, the digest's message, concatenated over the file's events
+# (uint8), and its length at each event (uint32; 0 where the value is in values_* instead).
+ENCODED_MEMBER = "encoded_{field}"
+ENCODED_LENGTH_MEMBER = "encoded_{field}_len"
 
 # The fields compare reports, in report order, and the column behind each.
 FIELDS = ("kind", "action", "obs", "reward", "terminated", "truncated")

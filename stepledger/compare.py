@@ -232,17 +232,33 @@ def _nested(arr):
     return "[" + ", ".join(_nested(sub) for sub in arr) + "]"
 
 
-def _values_text(leaves, names):
+def _shape_text(shape):
+    return "(%s)" % "".join("%d," % d for d in shape) if len(shape) == 1 else "(%s)" % ", ".join(map(str, shape))
+
+
+def _leaf_text(arr, declared):
+    """A leaf's values; with its shape when that is not the space's (a value kept as it came)."""
+    text = _array_text(arr)
+    shape = np.shape(arr)
+    if declared is not None and tuple(shape) != tuple(declared):
+        text += " (shape %s, the space's is %s)" % (_shape_text(shape), _shape_text(declared))
+    return text
+
+
+def _values_text(leaves, names, shapes=None):
+    shapes = list(shapes) if shapes is not None and len(shapes) == len(leaves) else [None] * len(leaves)
     if len(leaves) == 1 and names == [""]:
-        return _array_text(leaves[0])
-    return "{" + ", ".join("%s: %s" % (n, _array_text(v)) for n, v in zip(names, leaves)) + "}"
+        return _leaf_text(leaves[0], shapes[0])
+    return "{" + ", ".join("%s: %s" % (n, _leaf_text(v, d)) for n, v, d in zip(names, leaves, shapes)) + "}"
 
 
 def _first_element(env_leaves, tr_leaves, names):
+    if len(env_leaves) != len(tr_leaves):
+        return None
     for name, a, b in zip(names, env_leaves, tr_leaves):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:
-            return name or "shape"
+            return None  # the values' texts give their shapes
         diff = np.argwhere(~((a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else (a == b)))
         if diff.size:
             idx = "[" + ", ".join(str(int(x)) for x in diff[0]) + "]" if a.ndim else ""
@@ -340,11 +356,12 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
             which = "obs" if f == "obs" else "act"
             space = meta["observation_space" if f == "obs" else "action_space"]
             names = leaf_names(space)
+            shapes = [shape for _, shape in S.space_leaves(space)]
             va, vb = env_stream.value_rows(which, index), tr_stream.value_rows(which, index)
             ta, tb = _digest_text(row_a[col]), _digest_text(row_b[col])
             if va is not None and vb is not None or ta or tb:
-                env_values[f] = ta or (_values_text(va, names) if va is not None else None)
-                tr_values[f] = tb or (_values_text(vb, names) if vb is not None else None)
+                env_values[f] = ta or (_values_text(va, names, shapes) if va is not None else None)
+                tr_values[f] = tb or (_values_text(vb, names, shapes) if vb is not None else None)
                 if env_values[f] is None or tr_values[f] is None:
                     env_values.pop(f), tr_values.pop(f)
                 elif not (ta or tb):

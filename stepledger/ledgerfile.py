@@ -144,7 +144,8 @@ class Segment:
 def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True):
     """Write a ledger of ``stream_ids`` from ``segments``, in order.
 
-    ``value_members`` lists (member name, dtype, row shape) of kept values. A
+    ``value_members`` lists (member name, dtype, row shape) of kept values; a row
+    shape of None is a member of bytes as long as its segments' arrays together. A
     final ledger is compressed member by member and carries the position
     columns; a spill segment is stored raw, for speed and memory-mapping.
     Returns the number of events written.
@@ -208,6 +209,12 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
         for name, dt in S.POSITION_COLUMNS:
             members.append(_Member(name, dt, (total,), position_chunks(name), level[name]))
     for member, dt, row_shape in value_members:
+        if row_shape is None:  # not one row an event: as long as its pieces together
+            length = sum(int(vals[member].shape[0]) for seg in segments for s in stream_ids
+                         for vals in [seg.values.get(s)] if vals is not None)
+            members.append(_Member(member, dt, (length,), value_chunks(member, VALUE_CHUNK_BYTES),
+                                   _VALUES_LEVEL if final else 0))
+            continue
         row_bytes = np.dtype(dt).itemsize * int(np.prod(row_shape, dtype=np.int64))
         rows = max(1, VALUE_CHUNK_BYTES // max(1, row_bytes))
         members.append(_Member(member, dt, (total,) + tuple(row_shape), value_chunks(member, rows),

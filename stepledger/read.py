@@ -12,6 +12,7 @@ from . import _schema as S
 from . import storage
 from .errors import LedgerError
 from .ledgerfile import CHUNK, LedgerFile, Rows, Segment, positions, spill_dir
+from ._fallback import decode_leaves
 from .spaces import digest_signature
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
@@ -70,18 +71,59 @@ class Stream:
         return {name: np.concatenate(v) for name, v in out.items()}
 
     def value_rows(self, field, index):
-        """The kept leaves of ``field`` ('obs' or 'act') at event ``index``, or None."""
+        """The kept leaves of ``field`` ('obs' or 'act') at event ``index``, or None.
+
+        A value of another shape than its space's was kept as its encoding: its
+        own leaves are returned, with their own shapes.
+        """
         if not self.meta.get("keep_values"):
             return None
         for p in self.pieces:
             n = p.stop - p.start
             if index < n:
                 row = p.start + index
+                encoded = encoded_value(p.lf, field, row)
+                if encoded is not None:
+                    return encoded
                 names = sorted((m for m in p.lf.members if m.startswith("values_%s_" % field)),
                                key=lambda m: int(m.rsplit("_", 1)[1]))
                 return [np.asarray(p.lf.source(m).read(row, row + 1))[0] for m in names]
             index -= n
         return None
+
+
+def _encoded_offsets(lf, field, rows):
+    """Where each event of ``rows`` (ascending) has its encoded value in the file's encoded
+    member: the sum of the lengths before it. One pass over the lengths."""
+    src = lf.source(S.ENCODED_LENGTH_MEMBER.format(field=field))
+    out, total, pos = [], 0, 0
+    for row in rows:
+        while pos < row:
+            stop = min(pos + CHUNK, row)
+            total += int(np.asarray(src.read(pos, stop), dtype=np.uint64).sum())
+            pos = stop
+        out.append(total)
+    return out
+
+
+def _encoded_offset(lf, field, row):
+    return _encoded_offsets(lf, field, [row])[0]
+
+
+def encoded_value(lf, field, row):
+    """The leaves of event ``row``'s kept value if it was kept as its encoding, else None."""
+    name = S.ENCODED_LENGTH_MEMBER.format(field=field)
+    if name not in lf.members:
+        return None
+    length = int(np.asarray(lf.source(name).read(row, row + 1))[0])
+    if length == 0:
+        return None
+    start = _encoded_offset(lf, field, row)
+    data = np.asarray(lf.source(S.ENCODED_MEMBER.format(field=field)).read(start, start + length))
+    try:
+        return decode_leaves(data.tobytes())
+    except ValueError as exc:
+        raise LedgerError("%s: the kept %s value of event %d is damaged (%s)" % (lf.path, field, row, exc)) from None
 
 
 class Ledger:
@@ -141,10 +183,16 @@ def segment_from_file(path):
     lf = LedgerFile(path, verify=False)
     columns, values = {}, {}
     value_names = [m for m in lf.members if m.startswith("values_")]
+    encoded = [f for f in ("obs", "act") if S.ENCODED_LENGTH_MEMBER.format(field=f) in lf.members]
+    starts = {f: _encoded_offsets(lf, f, [int(x) for x in lf.offsets]) for f in encoded}
     for k, s in enumerate(lf.stream_ids):
         a, b = int(lf.offsets[k]), int(lf.offsets[k + 1])
         columns[s] = {name: Rows(lf.source(name), a, b) for name in S.EVENT_COLUMN_NAMES}
         values[s] = {name: Rows(lf.source(name), a, b) for name in value_names}
+        for f in encoded:  # the encoded values of this stream's events: their bytes, by their lengths
+            lengths, data = S.ENCODED_LENGTH_MEMBER.format(field=f), S.ENCODED_MEMBER.format(field=f)
+            values[s][lengths] = Rows(lf.source(lengths), a, b)
+            values[s][data] = Rows(lf.source(data), starts[f][k], starts[f][k + 1])
     return Segment(columns, values), lf
 
 

@@ -20,6 +20,7 @@ from . import _schema as S
 from . import core
 from . import storage
 from .__about__ import __version__
+from ._fallback import encode_leaves
 from .ledgerfile import Segment, spill_dir, values_member, write_ledger
 
 _OPEN = {}  # id -> Recording, for the exit handler; strong refs so nothing is lost to GC
@@ -61,36 +62,88 @@ def spill_everything():
 
 
 class ValueStore:
-    """Kept values of one stream: one growable array per space leaf."""
+    """Kept values of one stream: one growable array per space leaf, and the encodings
+    of values that do not fit those arrays (another shape than the space's)."""
 
     def __init__(self, members):
         self.members = members  # [(name, dtype, row_shape, field, leaf index)]
         self.arrays = {name: np.zeros((64,) + tuple(shape), dtype) for name, dtype, shape, _, _ in members}
+        self.fields = ("obs", "act")
+        self.capacity = 64
+        self.n_leaves = {f: sum(1 for m in members if m[3] == f) for f in self.fields}
+        self.enc_len = {f: np.zeros(64, np.uint32) for f in self.fields}
+        self.enc = {f: np.zeros(0, np.uint8) for f in self.fields}
+        self.enc_used = dict.fromkeys(self.fields, 0)
         self.n = 0
         self.row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
-                             for _, dt, shape, _, _ in members)
+                             for _, dt, shape, _, _ in members) + 4 * len(self.fields)
+
+    def _fits(self, field, leaves):
+        if len(leaves) != self.n_leaves[field]:
+            return False
+        for name, _, shape, f, j in self.members:
+            if f == field and leaves[j].shape != tuple(shape):
+                return False
+        return True
 
     def append(self, obs_leaves, act_leaves):
         n = self.n
-        for name, dtype, shape, field, j in self.members:
-            arr = self.arrays[name]
-            if n == arr.shape[0]:
+        if n == self.capacity:
+            self.capacity = 2 * n
+            for name, arr in list(self.arrays.items()):
                 new = np.zeros((2 * n,) + arr.shape[1:], arr.dtype)
                 new[:n] = arr
-                self.arrays[name] = arr = new
-            leaves = obs_leaves if field == "obs" else act_leaves
-            if leaves is not None and j < len(leaves) and leaves[j].shape == arr.shape[1:]:
-                arr[n] = leaves[j]
-            else:
-                arr[n] = 0  # absent or of the wrong shape: the digest still tells
+                self.arrays[name] = new
+            for f in self.fields:
+                new = np.zeros(2 * n, np.uint32)
+                new[:n] = self.enc_len[f]
+                self.enc_len[f] = new
+        extra = 0
+        given = {"obs": obs_leaves, "act": act_leaves}
+        fits = {}
+        for f in self.fields:
+            leaves = given.get(f)
+            fits[f] = leaves is not None and self._fits(f, leaves)
+            self.enc_len[f][n] = 0
+            if leaves is not None and not fits[f]:
+                # another shape than the space's: keep the value itself, as its digest saw it
+                extra += self._encode(f, n, leaves)
+        for name, dtype, shape, field, j in self.members:
+            self.arrays[name][n] = given[field][j] if fits[field] else 0
         self.n = n + 1
-        return core.account(self.row_bytes)
+        return core.account(self.row_bytes + extra)
+
+    def _encode(self, field, n, leaves):
+        data = np.frombuffer(encode_leaves(leaves), np.uint8)
+        if data.shape[0] >= 1 << 32:
+            return 0  # too large to note: left out, the digest still tells
+        used, buf = self.enc_used[field], self.enc[field]
+        if used + data.shape[0] > buf.shape[0]:
+            new = np.zeros(max(2 * buf.shape[0], used + data.shape[0], 256), np.uint8)
+            new[:used] = buf[:used]
+            self.enc[field] = buf = new
+        buf[used: used + data.shape[0]] = data
+        self.enc_used[field] = used + data.shape[0]
+        self.enc_len[field][n] = data.shape[0]
+        return int(data.shape[0])
+
+    def segment_values(self):
+        """The kept rows as arrays by member name (views, valid until the store changes)."""
+        out = {name: arr[: self.n] for name, arr in self.arrays.items()}
+        for f in self.fields:
+            out[S.ENCODED_LENGTH_MEMBER.format(field=f)] = self.enc_len[f][: self.n]
+            out[S.ENCODED_MEMBER.format(field=f)] = self.enc[f][: self.enc_used[f]]
+        return out
 
     def clear(self):
         """Forget the kept rows (they are on disk) and give their memory back."""
-        core.account(-self.row_bytes * self.n)
+        core.account(-self.row_bytes * self.n - sum(self.enc_used.values()))
         self.n = 0
         self.arrays = {name: np.zeros((64,) + arr.shape[1:], arr.dtype) for name, arr in self.arrays.items()}
+        self.enc_len = {f: np.zeros(64, np.uint32) for f in self.fields}
+        self.enc = {f: np.zeros(0, np.uint8) for f in self.fields}
+        self.enc_used = dict.fromkeys(self.fields, 0)
+        self.capacity = 64
 
 
 class Recording:
@@ -129,7 +182,7 @@ class Recording:
     def nbytes(self):
         n = sum(len(b) for b in self.buffers) * S.BYTES_PER_EVENT
         if self.values:
-            n += sum(v.n * v.row_bytes for v in self.values)
+            n += sum(v.n * v.row_bytes + sum(v.enc_used.values()) for v in self.values)
         return n
 
     def n_events(self):
@@ -158,11 +211,16 @@ class Recording:
             columns[s] = buf.views()
             if self.values:
                 store = self.values[k]
-                values[s] = {name: arr[: store.n] for name, arr in store.arrays.items()}
+                values[s] = store.segment_values()
         return Segment(columns, values)
 
     def _value_specs(self):
-        return [(name, dt, shape) for name, dt, shape, _, _ in self.value_members]
+        specs = [(name, dt, shape) for name, dt, shape, _, _ in self.value_members]
+        if self.keep_values:  # a row shape of None: a member as long as its segments' arrays together
+            for field in ("obs", "act"):
+                specs.append((S.ENCODED_LENGTH_MEMBER.format(field=field), np.uint32, ()))
+                specs.append((S.ENCODED_MEMBER.format(field=field), np.uint8, None))
+        return specs
 
     def spill(self):
         """Write the events in memory to a new spill segment and free them."""

@@ -121,6 +121,23 @@ def test_digest_vectors(core, name, space, value, message):
     assert core.digest_leaves(LeafLayout(space).cast(value)) == expected
 
 
+@pytest.mark.parametrize("name,space,value,message", VECTORS, ids=[v[0] for v in VECTORS])
+def test_encoded_values_are_the_digest_message(name, space, value, message):
+    # keep_values keeps a value of another shape as this encoding; it decodes to the same leaves
+    leaves = LeafLayout(space).cast(value)
+    assert _fallback.encode_leaves(leaves) == message
+    back = _fallback.decode_leaves(message)
+    assert [(a.dtype, a.shape, a.tobytes()) for a in back] == [(np.asarray(b).dtype, np.shape(b), np.asarray(b).tobytes())
+                                                              for b in leaves]
+
+
+def test_decode_refuses_a_damaged_encoding():
+    message = VECTORS[0][3]
+    for bad in (message[:-1], b"\x02z9\x00" + bytes(8), message[:3]):
+        with pytest.raises(ValueError):
+            _fallback.decode_leaves(bad)
+
+
 @pytest.mark.parametrize("core", CORES)
 def test_marker_digests(core):
     assert core.MISSING_DIGEST == ref_digest(b"\x00missing") == int.from_bytes(bytes.fromhex(EXPECTED_HEX["missing"]), "little")

@@ -95,3 +95,117 @@ def test_a_trainer_space_with_other_bounds_compares_and_another_dtype_is_refused
             with pytest.raises(LedgerError) as err:
                 compare(d, d + "/trainer.npz")
             assert "different observation spaces" in str(err.value)
+
+
+# ---------------------------------------------------------------- kept values of another shape
+
+class ScalarObsThenClean(gym.Env):
+    """Box(3,) observations; at step 2 a scalar 1.5 instead (a shape fault of the env)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, at=2, length=40):
+        self.observation_space = gs.Box(-10, 10, shape=(3,), dtype=np.float32)
+        self.action_space = gs.Box(-1, 1, shape=(2,), dtype=np.float32)
+        self.at, self.length, self.t = at, length, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.float32(1.5) if self.t == self.at else np.full(3, self.t, np.float32)
+        return obs, 0.25, self.t >= self.length, False, {}
+
+
+def _kept(directory, i, **kwargs):
+    return LedgerEnv(ScalarObsThenClean(**kwargs), directory, index=i, keep_values=True)
+
+
+def test_kept_value_of_another_shape_is_printed_with_its_shape(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stepledger.sb3 import LedgerVecEnv
+    d = str(tmp_path)
+    # DummyVecEnv broadcasts the scalar into its (n, 3) buffer: the trainer receives [1.5, 1.5, 1.5]
+    envs = LedgerVecEnv(DummyVecEnv([functools.partial(_kept, d, i) for i in range(2)]), d + "/t.npz",
+                        keep_values=True)
+    envs.reset()
+    for _ in range(5):
+        envs.step(np.zeros((2, 2), np.float32))
+    envs.close()
+    report = compare(d, d + "/t.npz")
+    assert str(report).splitlines()[0] == (
+        "env 0, episode 0, step 2: obs differs (env gave 1.5 (shape (), the space's is (3,)), "
+        "trainer received [1.5, 1.5, 1.5])")
+    assert "0.0" not in str(report)
+
+
+class ReshapeAction(gym.vector.VectorWrapper):
+    """Sends env 1 its action as shape (1, 2) at vector step ``at``, in a SyncVectorEnv-like way."""
+
+    def __init__(self, env, at=3):
+        super().__init__(env)
+        self.t, self.at = 0, at
+
+    def step(self, actions):
+        self.t += 1
+        if self.t == self.at:
+            inner = self.env.unwrapped
+            actions = np.asarray(actions)
+            obs, rewards, terms, truncs, infos = [], [], [], [], []
+            # step the sub-envs directly: env 1 receives its row as a (1, 2) array
+            for i, env in enumerate(inner.envs):
+                o, r, te, tr, _ = env.step(actions[i][None] if i == 1 else actions[i])
+                obs.append(o), rewards.append(r), terms.append(te), truncs.append(tr)
+            return (np.stack(obs), np.array(rewards), np.array(terms), np.array(truncs), {})
+        return self.env.step(actions)
+
+
+def test_kept_action_of_another_shape_on_the_env_side(tmp_path):
+    d = str(tmp_path)
+    fns = [functools.partial(_kept, d, i, at=99) for i in range(2)]
+    envs = LedgerVectorEnv(ReshapeAction(gym.vector.SyncVectorEnv(fns)), d + "/t.npz", keep_values=True)
+    envs.reset(seed=0)
+    actions = np.array([[0.5, -0.25], [0.75, 0.125]], np.float32)
+    for _ in range(4):
+        envs.step(actions)
+    envs.close()
+    report = compare(d, d + "/t.npz")
+    assert report.by_env()[1].fields == ("action",) and sorted(report.by_env()) == [1], str(report)
+    assert str(report).splitlines()[0] == (
+        "env 1, episode 0, step 3: action differs (env gave [[0.75, 0.125]] (shape (1, 2), the space's is "
+        "(2,)), trainer received [0.75, 0.125])")
+
+
+def test_kept_values_of_another_shape_survive_spills(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stepledger import core
+    from stepledger.sb3 import LedgerVecEnv
+    d = str(tmp_path)
+    limit = core.memory_limit()
+    core.set_memory_limit(3000)  # a few events: both sides spill again and again
+    try:
+        envs = LedgerVecEnv(DummyVecEnv([functools.partial(_kept, d, i, at=20 + 7 * i) for i in range(3)]),
+                            d + "/t.npz", keep_values=True)
+        envs.reset()
+        for _ in range(45):
+            envs.step(np.zeros((3, 2), np.float32))
+        assert len(envs._side.recording.segments) >= 2  # it did spill
+        envs.close()
+    finally:
+        core.set_memory_limit(limit)
+    report = compare(d, d + "/t.npz")
+    lines = str(report).splitlines()
+    for i in range(3):
+        assert lines[i] == ("env %d, episode 0, step %d: obs differs (env gave 1.5 (shape (), the space's is (3,)), "
+                            "trainer received [1.5, 1.5, 1.5])" % (i, 20 + 7 * i)), str(report)
+    ledger = read(d)
+    try:  # the well-shaped kept values around it are intact
+        for t in (20 + 7 * 2 - 1, 20 + 7 * 2 + 1):  # event t is step t of episode 0
+            assert [r.tolist() for r in ledger.streams[2].value_rows("obs", t)] == [[float(t)] * 3]
+    finally:
+        ledger.close()
