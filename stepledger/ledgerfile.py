@@ -718,6 +718,17 @@ class LedgerFile:
             if src.shape != shape or src.dtype != dt:
                 raise LedgerError("%s: member %s has shape %s and dtype %s, expected %s %s (from the meta's space)"
                                   % (path, name, src.shape, src.dtype, shape, dt))
+        for field in ("obs", "act"):  # values kept as their encoding: lengths (N,) <u4, bytes (M,) |u1
+            lengths, data = S.ENCODED_LENGTH_MEMBER.format(field=field), S.ENCODED_MEMBER.format(field=field)
+            if (lengths in self.members) != (data in self.members) or \
+                    lengths in self.members and not self.meta["keep_values"]:
+                raise LedgerError("%s: members %s and %s come together, and only with keep_values"
+                                  % (path, lengths, data))
+            if lengths in self.members:
+                a, b = self.source(lengths), self.source(data)
+                if a.shape != (total,) or a.dtype != np.dtype("<u4") or len(b.shape) != 1 or b.dtype != np.uint8:
+                    raise LedgerError("%s: members %s and %s must be (%d,) uint32 and a 1-d uint8 array"
+                                      % (path, lengths, data, total))
         if self.verify:
             # Compressed members that are small once inflated are read through now, so that
             # their CRC is checked: a flipped byte can inflate without error, and some members
