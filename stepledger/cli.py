@@ -83,9 +83,10 @@ def _show(args):
                 n_events += len(chunk["kind"])
                 n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
             streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
+        leftovers = _leftover_stages(ledger.path)
         if args.json:
             print(_jsonout.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
-                                  "streams": streams}))
+                                  "streams": streams, "leftover_stages": leftovers[0]}))
             return EXIT_OK
         print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
                                  if ledger.partial else ""))
@@ -94,7 +95,40 @@ def _show(args):
         print("  %d streams, %d events" % (len(streams), sum(s["events"] for s in streams)))
         for s in streams:
             print("  env %d: %d events, %d episodes started, %d steps" % (s["env"], s["events"], s["episodes"], s["steps"]))
+        for line in leftovers[1]:
+            print(line)
     return EXIT_OK
+
+
+def _leftover_stages(path):
+    """Stage directories of dead processes in TMPDIR (ledgers at URLs are staged there), for ``show``."""
+    from . import storage
+    if not storage.is_remote(path):
+        return [], []
+    from .uploader import describe_leftovers, leftover_stages
+    return leftover_stages(), describe_leftovers()
+
+
+def _push(args):
+    from .uploader import push
+    n = push(args.local, args.url, remove=not args.keep)
+    print("published %d file%s to %s%s" % (n, "" if n == 1 else "s", args.url,
+                                           "" if args.keep else "; the local copies are removed"))
+    return EXIT_OK
+
+
+def _add_push(sub):
+    p = sub.add_parser("push", help="publish ledgers kept on local disk (storage failed) to their URL",
+                       formatter_class=_Formatter,
+                       description="Upload a ledger file, or a directory of them (env-N.npz, trainer.npz and "
+                                   "their spill segments), to storage: what a run kept on local disk when its "
+                                   "storage failed. The line that said where a ledger was kept gives the command.",
+                       epilog="example:\n  stepledger push ~/.local/share/stepledger/unpublished/s3/bucket/run-1 "
+                              "s3://bucket/run-1")
+    p.add_argument("local", help="a ledger file or a directory of ledger files")
+    p.add_argument("url", help="where it belongs: the ledger's URL, or the directory's")
+    p.add_argument("--keep", action="store_true", help="keep the local copies (default: remove each once stored)")
+    p.set_defaults(func=_push)
 
 
 def build_parser():
@@ -255,7 +289,7 @@ def _add_episodes(sub):
     e.set_defaults(func=_episodes)
 
 
-_EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes]
+_EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes, _add_push]
 
 
 def _cannot(args, message):

@@ -9,8 +9,6 @@ process goes over its memory limit, and the final file on ``write()``,
 import atexit
 import glob
 import os
-import shutil
-import tempfile
 import threading
 import warnings
 
@@ -22,6 +20,7 @@ from . import storage
 from .__about__ import __version__
 from ._fallback import encode_leaves
 from .ledgerfile import Segment, spill_dir, values_member, write_ledger
+from .uploader import RemoteLedger
 
 _OPEN = {}  # id -> Recording, for the exit handler; strong refs so nothing is lost to GC
 _LOCK = threading.Lock()
@@ -151,11 +150,12 @@ class Recording:
 
     def __init__(self, path, side, stream_ids, obs_layout, act_layout, reward_dtype, keep_values, extra_meta=None):
         self.path = os.fspath(path)
-        # A URL other than file://: files are staged in a local directory, then uploaded (storage.publish).
+        # A URL other than file://: files are staged in a local directory, then uploaded (uploader.py).
         self.remote = storage.is_remote(self.path)
+        self._remote = None
         if self.remote:
             _check_remote(self.path)
-        self._stage = None
+            self._remote = RemoteLedger(self.path)  # one-line errors now: no bucket, refused, unreachable
         self.side = side
         self.stream_ids = [int(i) for i in stream_ids]
         self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
@@ -175,6 +175,8 @@ class Recording:
         self.closed = False
         self._written_events = 0
         self._spilled_events = 0
+        self._flushes = 0
+        self.published = True  # False once the final file could not be uploaded (it is kept locally)
         with _LOCK:
             _OPEN[id(self)] = self
 
@@ -230,24 +232,24 @@ class Recording:
         if n == 0:
             return
         directory = spill_dir(self.path)
-        if not self.segments:
+        first = not self.segments
+        if first and not self.remote:
             # An earlier run's pieces, and its final file unless this recording
             # wrote it: if this process is killed, read() must find this run's
             # segments, not an older run's ledger.
             self._remove_stale_segments()
-            if self.remote:
-                if self._written_events == 0 and storage.exists(self.path):
-                    storage.remove(self.path)
-            elif self._written_events == 0 and os.path.exists(self.path):
+            if self._written_events == 0 and os.path.exists(self.path):
                 os.unlink(self.path)
         name = "seg-%06d.npz" % len(self.segments)
         if self.remote:
-            # Staged locally, kept there to assemble the final file, and uploaded so that a
-            # reader finds this run's events on the storage even if the process is killed.
-            path, local = storage.join(directory, name), os.path.join(self._staging(), name)
+            # Staged locally, kept there to assemble the final file, and uploaded in the
+            # background so that a reader finds this run's events on the storage even if the
+            # process is killed; the step does not wait for the network. The earlier run's
+            # pieces are removed first, in the same background job.
+            path, local = storage.join(directory, name), self._remote.stage_path(name)
             write_ledger(local, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
                          self._value_specs(), final=False)
-            storage.publish(local, path, keep=True)
+            self._remote.upload_segment(local, path, before=self._remove_earlier_run if first else None)
         else:
             os.makedirs(directory, exist_ok=True)
             path = local = os.path.join(directory, name)
@@ -263,22 +265,27 @@ class Recording:
         self._segment_files.append(local)
         self._spilled_events += n
 
-    def _staging(self):
-        """The local directory where files for a URL are written before they are uploaded."""
-        if self._stage is None:
-            self._stage = tempfile.mkdtemp(prefix="stepledger-stage-")
-        return self._stage
-
-    def _remove_staging(self):
-        if self._stage is not None:
-            shutil.rmtree(self._stage, ignore_errors=True)
-            self._stage = None
-        self._segment_files = []
+    def _remove_earlier_run(self):
+        """At a URL, before the first segment is uploaded: an earlier run's segments, and its final file
+        unless this recording wrote it (run by the uploader's thread)."""
+        self._remove_stale_segments()
+        if self._written_events == 0 and storage.exists(self.path):
+            storage.remove(self.path)
 
     def _unlink_segments(self):
+        if self.remote:
+            # Everything in the spill directory: also segments of an earlier run that a failed
+            # upload left there, which would otherwise be read in place of the final file.
+            try:
+                directory = spill_dir(self.path)
+                storage.remove_all([storage.join(directory, n) for n in storage.listdir(directory)
+                                    if n.startswith("seg-")])
+            except Exception:
+                pass
+            return
         for p in self.segments:
             try:
-                storage.remove(p) if self.remote else os.unlink(p)
+                os.unlink(p)
             except Exception:
                 pass
 
@@ -302,11 +309,14 @@ class Recording:
                 except OSError:
                     pass
 
-    def write(self):
+    def write(self, wait=True):
         """Write the final file from the spilled segments and the events in memory.
 
         Recording may go on; a later write replaces the file with a longer one.
-        A recording with no events writes nothing.
+        A recording with no events writes nothing. At a URL the file is
+        uploaded before this returns, or with ``wait=False`` in the background
+        (a periodic flush); if the upload fails the file is kept on local disk
+        and a line says where (uploader.py), and ``self.published`` is False.
         """
         if self.pid != os.getpid():
             return 0
@@ -317,7 +327,8 @@ class Recording:
         try:
             segments = [seg for seg, _ in opened] + [self._memory_segment()]
             if self.remote:
-                local = os.path.join(self._staging(), "ledger.npz")
+                local = self._remote.stage_path("ledger.npz" if wait else "flush-%d.npz" % self._flushes)
+                self._flushes += 1
                 total = write_ledger(local, self.meta(), self.stream_ids, segments, self._value_specs())
             else:
                 total = write_ledger(self.path, self.meta(), self.stream_ids, segments, self._value_specs())
@@ -325,9 +336,12 @@ class Recording:
             for _, handle in opened:
                 handle.close()
         if self.remote:
-            storage.publish(local, self.path)
+            if wait:
+                self.published = self._remote.publish_final(local)
+            else:
+                self._remote.upload_segment(local, self.path, remove=True)
         self._written_events = total
-        if not self.segments:
+        if not self.segments and (not self.remote or wait):
             # Segments of an earlier run would hold more events than this file
             # and be read in its place.
             self._remove_stale_segments()
@@ -337,6 +351,8 @@ class Recording:
         """Drop everything recorded, writing nothing (benchmarks, aborted runs)."""
         if self.pid != os.getpid():
             return
+        if self.remote:
+            self._remote.stop()
         self._unlink_segments()
         self.segments = []
         self._release()
@@ -346,7 +362,11 @@ class Recording:
         if self.closed or self.pid != os.getpid():
             return
         try:
+            if self.remote:
+                self._remote.stop()  # the final file supersedes the segments still queued
             self.write()
+            if not self.published:
+                return  # kept on local disk; the segments in storage stay, a partial ledger until it is pushed
             self._unlink_segments()
             if self.segments:
                 try:
@@ -359,7 +379,9 @@ class Recording:
     def _release(self):
         """Closed for good: free the buffers and kept values, drop the staging area, leave the registry."""
         if self.remote:
-            self._remove_staging()
+            self._remote.stop()
+            self._remote.remove_stage()
+            self._segment_files = []
         self.closed = True
         for b in self.buffers:
             b.release()
