@@ -101,6 +101,12 @@ class ZipWriter:
 INFLATE_ERRORS = (zlib.error,) + ((_deflate.error,) if _deflate is not zlib else ())
 
 
+def inflate_prefix(fd, data_start, compress_size, n):
+    """The first ``n`` bytes (at most) of a deflated member, from at most ``2 * n + 4096`` compressed bytes."""
+    src = os.pread(fd, min(compress_size, 2 * n + 4096), data_start)
+    return _deflate.decompressobj(-15).decompress(src, n)
+
+
 class InflateCursor:
     """Reads one deflated member forward, with ISA-L where installed.
 

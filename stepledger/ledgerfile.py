@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 
 from . import _schema as S
-from ._zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter
+from ._zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter, inflate_prefix
 from .errors import LedgerError
 
 # How each member is stored: digests of observations and actions do not
@@ -454,19 +454,14 @@ class _ColumnSource:
         self._crc = None  # running CRC-32 of a stored member read in order from its start
         self._crc_rows = 0
         self.verify = True
-        want = min(entry.usize, 12)
         try:
+            # The header alone: a stored member's first bytes, or what a deflated one's first compressed
+            # bytes inflate to, never more than the largest header accepted.
+            n = min(entry.usize, S.MAX_NPY_HEADER + 12)
             if self.stored:
-                prefix = _pread(self.fd, min(entry.usize, S.MAX_NPY_HEADER + 12), entry.data)
+                prefix = _pread(self.fd, n, entry.data)
             else:
-                cursor = self._new_cursor()
-                prefix = cursor.read(want)
-                if len(prefix) >= 10 and prefix[:6] == b"\x93NUMPY":
-                    start = 10 if prefix[6] == 1 else 12
-                    length = struct.unpack_from("<H" if prefix[6] == 1 else "<I", prefix, 8)[0]
-                    if length <= S.MAX_NPY_HEADER:
-                        prefix = prefix[:want] + cursor.read(start + length - want)
-                self._cursor = cursor
+                prefix = inflate_prefix(self.fd, entry.data, entry.csize, n)
             shape, fortran, dtype, self.header_len = _parse_npy_header(prefix)
         except _READ_ERRORS as exc:
             raise LedgerError("%s: member %s is not a readable array (%s)" % (self.path, name, _short(exc))) from None
@@ -485,7 +480,6 @@ class _ColumnSource:
         if self.header_len + data_bytes != entry.usize:
             raise LedgerError("%s: member %s: its header says %s %s (%d bytes), the ZIP directory %d bytes"
                               % (self.path, name, dtype, shape, data_bytes, entry.usize - self.header_len))
-        self._pos = 0  # rows read by the cursor (it is just past the header)
 
     def _new_cursor(self):
         e = self.info
