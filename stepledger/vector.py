@@ -100,7 +100,12 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
     stream on ``close()``, ``flush()`` and at interpreter exit.
 
     It returns exactly what the vector env returned. One vector step costs a
-    constant number of Python calls, whatever the number of envs.
+    constant number of Python calls, whatever the number of envs. The
+    vector env's other calls pass through: ``call``, ``get_attr`` and
+    ``set_attr`` (and ``call_async``/``call_wait``) go to it unchanged; its
+    ``step_async``/``step_wait`` and ``reset_async``/``reset_wait`` are
+    recorded like ``step`` and ``reset``, the actions taken in
+    ``step_async`` before they are sent.
 
     Example::
 
@@ -138,6 +143,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         self.ledger_path = self._side.path
         self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
         self._keep = keep_values
+        self._kept_actions, self._was_pending = None, None  # with keep_values: the actions under way
+        self._pending_reset_mask = None  # the mask of a reset started by reset_async
         self._warned_missing = False
         self.live = bool(live)
         self._pop_tokens = not keep_tokens
@@ -148,30 +155,100 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         return self._live.faults if self._live is not None else []
 
     def reset(self, *, seed=None, options=None):
-        mask = None
-        if options and options.get("reset_mask") is not None:
-            # Copied now: the vector env pops the key from the caller's dict.
-            mask = np.array(options["reset_mask"], dtype=np.bool_)
-            if mask.shape != (self.num_envs,):
-                raise ValueError("LedgerVectorEnv.reset: options['reset_mask'] must have shape (%d,), got %s"
-                                 % (self.num_envs, mask.shape))
+        mask = self._reset_mask(options)
         obs, info = self.env.reset(seed=seed, options=options)
+        return self._record_reset(obs, info, mask)
+
+    def step(self, actions):
+        if self._keep:
+            self._take_actions(actions)
+        else:
+            self._rec.actions(actions)  # the hot path: one call fewer than _take_actions
+        return self._record_step(*self.env.step(actions))
+
+    # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
+    # in step_async, before they are sent; the results are recorded in step_wait.
+    def step_async(self, actions):
+        """Take the actions, then send them (the inner vector env's ``step_async``)."""
+        send = self._inner("step_async")
+        self._take_actions(actions)
+        send(actions)
+
+    def step_wait(self, **kwargs):
+        """The results of the actions sent by ``step_async``, recorded (``timeout=`` is passed on)."""
+        return self._record_step(*self._inner("step_wait")(**kwargs))
+
+    def reset_async(self, seed=None, options=None):
+        """Start a reset (the inner vector env's ``reset_async``); ``reset_wait`` records it."""
+        start = self._inner("reset_async")
+        mask = self._reset_mask(options)
+        start(seed=seed, options=options)
+        self._pending_reset_mask = mask
+
+    def reset_wait(self, **kwargs):
+        """The observations of the reset started by ``reset_async``, recorded (``timeout=`` is passed on)."""
+        obs, info = self._inner("reset_wait")(**kwargs)
+        mask, self._pending_reset_mask = self._pending_reset_mask, None
+        return self._record_reset(obs, info, mask)
+
+    # Calls that do not cross the boundary as events go straight to the vector env.
+    def call(self, name, *args, **kwargs):
+        """The inner vector env's ``call``: calls ``name`` on every sub-env."""
+        return self._inner("call")(name, *args, **kwargs)
+
+    def call_async(self, name, *args, **kwargs):
+        return self._inner("call_async")(name, *args, **kwargs)
+
+    def call_wait(self, **kwargs):
+        return self._inner("call_wait")(**kwargs)
+
+    def get_attr(self, name):
+        """The inner vector env's ``get_attr``: the attribute ``name`` of every sub-env."""
+        return self._inner("get_attr")(name)
+
+    def set_attr(self, name, values):
+        """The inner vector env's ``set_attr``."""
+        return self._inner("set_attr")(name, values)
+
+    def _inner(self, method):
+        fn = getattr(self.env, method, None)
+        if fn is None:
+            raise AttributeError("LedgerVectorEnv: the vector env it wraps (%s) has no %s()"
+                                 % (type(self.env).__name__, method))
+        return fn
+
+    def _reset_mask(self, options):
+        if not options or options.get("reset_mask") is None:
+            return None
+        # Copied now: the vector env pops the key from the caller's dict.
+        mask = np.array(options["reset_mask"], dtype=np.bool_)
+        if mask.shape != (self.num_envs,):
+            raise ValueError("LedgerVectorEnv.reset: options['reset_mask'] must have shape (%d,), got %s"
+                             % (self.num_envs, mask.shape))
+        return mask
+
+    def _record_reset(self, obs, info, mask):
         over = self._rec.reset(obs, mask)
         if self._keep:
             over |= self._keep_reset(obs, mask)
         self._after(over, info, None)
         return obs, info
 
-    def step(self, actions):
+    def _take_actions(self, actions):
+        """Digest the actions before they are handed over (and, with keep_values, copy them)."""
         rec = self._rec
         rec.actions(actions)
         if self._keep:
-            was_pending = rec.pending.copy()
-        obs, rewards, terminated, truncated, info = self.env.step(actions)
+            self._was_pending = rec.pending.copy()
+            rows = self._rows(rec.act_layout, actions)
+            self._kept_actions = None if rows is None else [np.array(r, copy=True) for r in rows]
+
+    def _record_step(self, obs, rewards, terminated, truncated, info):
+        rec = self._rec
         if self.autoreset_mode == NEXT_STEP:
             over = rec.step_next(obs, rewards, terminated, truncated)
             if self._keep:
-                over |= self._keep_next(actions, obs, was_pending)
+                over |= self._keep_next(obs)
             self._after(over, info, None)
         else:
             ended = rec.ended(terminated, truncated)
@@ -187,7 +264,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
                 finals[i] = (h, bool(terminated[i]), bool(truncated[i]))
             over = rec.step_same(obs, rewards, finals)
             if self._keep:
-                over |= self._keep_same(actions, obs, ended, info)
+                over |= self._keep_same(obs, ended, info)
             self._after(over, info, info.get("final_info") if ended else None)
         return obs, rewards, terminated, truncated, info
 
@@ -234,9 +311,9 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
                 over |= store.append(None if rows is None else [r[i] for r in rows], None)
         return over
 
-    def _keep_next(self, actions, obs, was_pending):
+    def _keep_next(self, obs):
         orows = self._rows(self._rec.obs_layout, obs)
-        arows = self._rows(self._rec.act_layout, actions)
+        arows, was_pending = self._kept_actions, self._was_pending
         over = False
         for i, store in enumerate(self._recording.values):
             o = None if orows is None else [r[i] for r in orows]
@@ -244,9 +321,9 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             over |= store.append(o, a)
         return over
 
-    def _keep_same(self, actions, obs, ended, info):
+    def _keep_same(self, obs, ended, info):
         orows = self._rows(self._rec.obs_layout, obs)
-        arows = self._rows(self._rec.act_layout, actions)
+        arows = self._kept_actions
         over = False
         for i, store in enumerate(self._recording.values):
             o = None if orows is None else [r[i] for r in orows]

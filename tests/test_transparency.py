@@ -209,3 +209,209 @@ def test_kept_values_of_another_shape_survive_spills(tmp_path):
             assert [r.tolist() for r in ledger.streams[2].value_rows("obs", t)] == [[float(t)] * 3]
     finally:
         ledger.close()
+
+
+# ---------------------------------------------------------------- the vector env's API
+
+class Probe(gym.Wrapper):
+    """Sub-env attributes and methods for call/get_attr/set_attr to reach."""
+
+    def __init__(self, env, index):
+        super().__init__(env)
+        self.label = "env-%d" % index
+        self.calls = 0
+
+    def bump(self, by=1):
+        self.calls += by
+        return self.label, self.calls
+
+
+def _probe_env(directory, i):
+    # LedgerEnv outermost, as it must be; Probe's attributes are reached through it
+    return LedgerEnv(Probe(ScriptedEnv(lengths=(2, 3), seed=i), i), directory, index=i)
+
+
+def _vector(kind, directory, n=3, mode="NextStep", **kwargs):
+    fns = [functools.partial(_probe_env, directory, i) for i in range(n)]
+    mode = gym.vector.AutoresetMode(mode)
+    if kind == "sync":
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ("sync", "async"))
+def test_call_get_attr_set_attr_reach_the_sub_envs(tmp_path, kind):
+    d = str(tmp_path)
+    bare = _vector(kind, str(tmp_path / "bare"))
+    envs = LedgerVectorEnv(_vector(kind, d), d + "/trainer.npz")
+    try:
+        for venv in (bare, envs):
+            assert venv.get_attr("label") == ("env-0", "env-1", "env-2")
+            assert venv.call("bump", by=2) == (("env-0", 2), ("env-1", 2), ("env-2", 2))
+            venv.set_attr("label", ["a", "b", "c"])
+            assert venv.get_attr("label") == ("a", "b", "c")
+            venv.set_attr("calls", 10)
+            assert venv.call("bump") == (("a", 11), ("b", 11), ("c", 11))
+        if kind == "async":
+            envs.call_async("bump")
+            assert envs.call_wait(timeout=10) == (("a", 12), ("b", 12), ("c", 12))
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+    finally:
+        bare.close()
+        envs.close()
+    assert_clean(d, d + "/trainer.npz", n_envs=3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("keep", (False, True), ids=("digests", "keep_values"))
+def test_step_async_and_reset_async_are_recorded(tmp_path, mode, keep):
+    """The split calls: actions taken in step_async, results in step_wait, as with step()."""
+    d, e = str(tmp_path / "split"), str(tmp_path / "whole")
+    paths = []
+    for directory, split in ((d, True), (e, False)):
+        fns = [functools.partial(make_ledger_env, directory, i, lengths=(1, 3, 2), ends=("term", "trunc"),
+                                 keep_values=keep) for i in range(3)]
+        venv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+        envs = LedgerVectorEnv(venv, directory + "/trainer.npz", keep_values=keep)
+        envs.action_space.seed(1)
+        actions = [envs.action_space.sample() for _ in range(14)]
+        try:
+            for t, a in enumerate(actions):
+                if t in (0, 7):
+                    opts = {"reset_mask": np.array([True, False, True])} if t == 7 else None
+                    if split:
+                        envs.reset_async(seed=t if t == 0 else None, options=opts)
+                        obs, _ = envs.reset_wait(timeout=20)
+                    else:
+                        obs, _ = envs.reset(seed=t if t == 0 else None, options=opts)
+                if split:
+                    envs.step_async(a)
+                    out = envs.step_wait(timeout=20)
+                else:
+                    out = envs.step(a)
+                assert len(out) == 5
+        finally:
+            envs.close()
+        paths.append(directory + "/trainer.npz")
+        assert assert_clean(directory, paths[-1], n_envs=3) > 30
+    split_ledger, whole_ledger = read(paths[0]), read(paths[1])
+    try:  # the split calls record exactly what step() and reset() record
+        for i in range(3):
+            a, b = split_ledger.streams[i].columns, whole_ledger.streams[i].columns
+            assert all(np.array_equal(a[k], b[k]) for k in a)
+    finally:
+        split_ledger.close()
+        whole_ledger.close()
+
+
+class SendOther(gym.vector.VectorWrapper):
+    """Between the ledger and the vector env: halves env 2's action in step_async at call ``at``."""
+
+    def __init__(self, env, at=3):
+        super().__init__(env)
+        self.t, self.at = 0, at
+
+    def step_async(self, actions):
+        self.t += 1
+        if self.t == self.at:
+            actions = np.array(actions, copy=True)
+            actions[2] *= 0.5
+        self.env.step_async(actions)
+
+    def step_wait(self, **kwargs):
+        return self.env.step_wait(**kwargs)
+
+
+def test_an_action_changed_after_step_async_is_located(tmp_path):
+    from trainer_envs import assert_differs
+    d = str(tmp_path)
+    fns = [functools.partial(make_ledger_env, d, i, lengths=(20,)) for i in range(3)]
+    envs = LedgerVectorEnv(SendOther(gym.vector.AsyncVectorEnv(fns)), d + "/trainer.npz",
+                           autoreset_mode="next_step")
+    envs.reset(seed=0)
+    for _ in range(5):
+        envs.step_async(envs.action_space.sample())
+        envs.step_wait()
+    envs.close()
+    assert_differs(d, d + "/trainer.npz", {2: (3, ["h_act"])})
+
+
+def test_split_calls_on_a_vector_env_without_them_say_so(tmp_path):
+    envs = LedgerVectorEnv(_vector("sync", str(tmp_path)), str(tmp_path / "t.npz"))
+    try:
+        with pytest.raises(AttributeError, match=r"LedgerVectorEnv: the vector env it wraps \(SyncVectorEnv\) "
+                                                 r"has no step_async\(\)"):
+            envs.step_async(envs.action_space.sample())
+        envs.reset(seed=0)  # nothing was taken by the refused call
+        envs.step(envs.action_space.sample())
+    finally:
+        envs.close()
+    assert_clean(str(tmp_path), str(tmp_path / "t.npz"))
+
+
+def test_results_dropped_by_a_step_wait_timeout_show_as_a_difference(tmp_path):
+    """AsyncVectorEnv gives up on a step_wait that times out, but its envs did step: the next
+    step_wait returns those results for the next actions. The ledger records what the trainer
+    got, so the action differs at that step."""
+    import multiprocessing
+    from trainer_envs import assert_differs
+    d = str(tmp_path)
+    fns = [functools.partial(_slow_env, d, i) for i in range(2)]
+    envs = LedgerVectorEnv(gym.vector.AsyncVectorEnv(fns), d + "/trainer.npz")
+    envs.reset(seed=0)
+    envs.action_space.seed(0)
+    envs.step_async(envs.action_space.sample())
+    with pytest.raises(multiprocessing.TimeoutError):
+        envs.step_wait(timeout=0.01)
+    envs.step_async(envs.action_space.sample())  # the envs' step-1 results are still in the pipes
+    envs.step_wait(timeout=20)
+    envs.close()
+    assert_differs(d, d + "/trainer.npz", {0: (1, ["h_act"]), 1: (1, ["h_act"])})
+
+
+class _Slow(gym.Wrapper):
+    def step(self, action):
+        import time
+        time.sleep(0.3)
+        return self.env.step(action)
+
+
+def _slow_env(directory, i):
+    return LedgerEnv(_Slow(ScriptedEnv(lengths=(10,), seed=i)), directory, index=i)
+
+
+# ---------------------------------------------------------------- SB3's VecEnv methods
+
+
+@pytest.mark.parametrize("kind", ("dummy", "subproc"))
+def test_sb3_env_method_get_attr_set_attr_env_is_wrapped_pass_through(tmp_path, kind):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    from stepledger.sb3 import LedgerVecEnv
+    d = str(tmp_path)
+
+    def make(cls_dir):
+        fns = [functools.partial(_probe_env, cls_dir, i) for i in range(3)]
+        return DummyVecEnv(fns) if kind == "dummy" else SubprocVecEnv(fns, start_method="fork")
+
+    bare = make(str(tmp_path / "bare"))
+    envs = LedgerVecEnv(make(d), d + "/trainer.npz")
+    try:
+        for venv in (bare, envs):
+            assert venv.get_attr("label") == ["env-0", "env-1", "env-2"]
+            assert venv.get_attr("label", indices=[2]) == ["env-2"]
+            assert venv.env_method("bump", by=3) == [("env-0", 3), ("env-1", 3), ("env-2", 3)]
+            assert venv.env_method("bump", indices=1) == [("env-1", 4)]
+            venv.set_attr("label", "x", indices=[0, 2])
+            assert venv.get_attr("label") == ["x", "env-1", "x"]
+            assert venv.env_is_wrapped(LedgerEnv) == [True, True, True]
+            assert venv.env_is_wrapped(Probe) == [True, True, True]
+            assert venv.env_is_wrapped(Monitor, indices=[1]) == [False]
+        envs.reset()
+        envs.step(np.stack([envs.action_space.sample() for _ in range(3)]))
+    finally:
+        bare.close()
+        envs.close()
+    assert_clean(d, d + "/trainer.npz", n_envs=3)
