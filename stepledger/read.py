@@ -293,15 +293,17 @@ def _read_url(url):
                 raise LedgerError("%s: is a directory, not a ledger file" % url)
             local = os.path.join(tmp.name, "ledger")
             os.makedirs(local)
+            copies = []  # fetched together: object stores download them concurrently
             for name in storage.listdir(url):
                 if _ENV_FILE.match(name):
-                    storage.fetch(storage.join(url, name), os.path.join(local, name))
+                    copies.append((storage.join(url, name), os.path.join(local, name)))
                 elif name.endswith(".npz.spill") and _ENV_FILE.match(name[:-6]):
-                    _fetch_segments(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
+                    copies += _segment_copies(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
+            storage.fetch_all(copies)
         else:
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
             storage.fetch(url, local)
-            _fetch_segments(url, local)
+            storage.fetch_all(_segment_copies(url, local))
         ledger = read(local)
     except LedgerError as exc:
         tmp.cleanup()
@@ -314,9 +316,8 @@ def _read_url(url):
     return ledger
 
 
-def _fetch_segments(url, local):
-    """Copy the spill segments of the ledger ``url`` (``url.spill/seg-*.npz``) next to its local copy."""
+def _segment_copies(url, local):
+    """(URL, local path) of each spill segment of the ledger ``url`` (``url.spill/seg-*.npz``), next to its copy."""
     directory = spill_dir(url)
-    for name in storage.listdir(directory):
-        if fnmatch.fnmatch(name, "seg-*.npz"):
-            storage.fetch(storage.join(directory, name), os.path.join(spill_dir(local), name))
+    return [(storage.join(directory, name), os.path.join(spill_dir(local), name))
+            for name in storage.listdir(directory) if fnmatch.fnmatch(name, "seg-*.npz")]

@@ -274,6 +274,8 @@ class Recording:
 
     def _unlink_segments(self):
         if self.remote:
+            if not self.segments:
+                return  # write() has just removed whatever an earlier run left in the spill directory
             # Everything in the spill directory: also segments of an earlier run that a failed
             # upload left there, which would otherwise be read in place of the final file.
             try:
@@ -293,6 +295,9 @@ class Recording:
         """Remove spill segments in this ledger's spill directory that this recording did not write."""
         mine = set(self.segments)
         if self.remote:
+            if not self._remote.earlier_segments:
+                return
+            self._remote.earlier_segments = False
             directory = spill_dir(self.path)
             for name in storage.listdir(directory):
                 old = storage.join(directory, name)

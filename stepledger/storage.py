@@ -312,3 +312,26 @@ def fetch(url, local):
         return False
     except Exception as exc:
         raise LedgerError("%s: cannot read (%s)" % (url, _short(exc))) from None
+
+
+def fetch_all(copies):
+    """``fetch`` for each (URL, local path) of one filesystem, in one call where the backend batches them
+    (s3fs and gcsfs download concurrently); a file removed meanwhile is skipped, as ``fetch`` skips it."""
+    if not copies:
+        return
+    if len(copies) == 1:
+        fetch(*copies[0])
+        return
+    fs, _ = filesystem(copies[0][0])
+    for _, local in copies:
+        os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+    _fresh(fs)
+    try:
+        fs.get([filesystem(u)[1] for u, _ in copies], [local for _, local in copies])
+        return
+    except FileNotFoundError:
+        pass  # one of them is gone: copy the others one by one
+    except Exception as exc:
+        raise LedgerError("%s: cannot read (%s)" % (copies[0][0], _short(exc))) from None
+    for url, local in copies:
+        fetch(url, local)

@@ -422,3 +422,50 @@ def test_server_stopped_mid_run(outage_server, tmp_path):
     n_events = int(out.split("CLOSED")[1].split()[0])
     with read(str(keep)) as ledger:
         assert [len(s) for s in ledger.streams.values()] == [n_events, n_events]
+
+
+# ---------------------------------------------------------------- an earlier run's pieces at the same URL
+
+
+def _spill_and_vanish(url, steps=150):
+    """A run that spilled segments to ``url`` and died before writing its final file (as if killed)."""
+    env = LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=20), url, index=0)
+    env.reset(seed=1)
+    for _ in range(steps):
+        _, _, term, trunc, _ = env.step(np.zeros(1, np.float32))
+        if term or trunc:
+            env.reset()
+    rec = env._recording
+    rec._remote.wait()
+    assert len(rec._remote.uploaded) >= 2
+    rec._remote.stop()
+    rec._release()  # gone without a final file, its segments left in storage
+    return len(rec._remote.uploaded)
+
+
+@pytest.mark.parametrize("spills", [False, True])
+def test_an_earlier_runs_segments_are_not_read_as_this_run(s3, bucket, spills):
+    url = "s3://%s/again" % bucket
+    old = core.memory_limit()
+    core.set_memory_limit(2000)
+    try:
+        _spill_and_vanish(url)
+        with read(url) as ledger:
+            assert ledger.partial and len(ledger.streams[0]) > 100  # the dead run's partial ledger
+        if not spills:
+            core.set_memory_limit(old)
+        env = LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=20), url, index=0)
+        env.reset(seed=2)
+        for _ in range(120 if spills else 5):
+            env.step(np.zeros(1, np.float32))
+        if spills:
+            env._recording._remote.wait()
+            with read(url) as ledger:  # killed now, a reader would find this run's segments only
+                assert ledger.partial and len(ledger.streams[0]) <= 121
+                assert len(ledger._files) == len(env._recording._remote.uploaded)
+        env.close()
+    finally:
+        core.set_memory_limit(old)
+    with read(url) as ledger:
+        assert not ledger.partial and len(ledger.streams[0]) == (121 if spills else 6)
+    assert _names(s3, "%s/again" % bucket) == ["env-0.npz"]
