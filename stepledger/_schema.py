@@ -80,6 +80,10 @@ DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 # terminated, bit 1 truncated as stored). 55 bytes, a plain immutable value
 # that Gymnasium's info merging and pickling carry unchanged.
 TOKEN_KEY = "stepledger"
+# With the first event's token, LedgerEnv(live=True) also sends its settings under this key: a JSON
+# object (bytes) with reward_dtype, observation_space and action_space (their digest signatures), so the
+# trainer side can refuse at the first token when the two sides record differently.
+SETTINGS_KEY = "stepledger_settings"
 TOKEN_VERSION = 1
 TOKEN_FORMAT = "<BIQqqBQQQB"
 TOKEN_SIZE = 55

@@ -12,7 +12,8 @@ import numpy as np
 from . import _jsonout
 from . import _schema as S
 from . import core
-from .errors import LedgerError
+from . import wording
+from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
 from .read import read
 from .spaces import digest_signature, leaf_names
@@ -40,6 +41,7 @@ class EnvDifference:
         self.env_events, self.trainer_events = env_events, trainer_events
         self.side, self.counts, self.detail = side, counts, detail or {}
         self.raw = {}  # field -> (env leaves, trainer leaves, leaf names), where values were kept
+        self.patterns = []  # with count_all: where each field's differences fall (stepledger.wording.pattern)
 
     def line(self):
         if self.what == "one_side":
@@ -101,6 +103,8 @@ class EnvDifference:
         d["env_events"], d["trainer_events"] = self.env_events, self.trainer_events
         if self.counts is not None:
             d["counts"] = self.counts
+        if self.patterns:
+            d["patterns"] = list(self.patterns)
         d["line"] = self.line()
         return d
 
@@ -119,6 +123,7 @@ class Report:
         self.partial = partial  # {"env": bool, "trainer": bool}
         self.values_hint = values_hint
         self.count_all = count_all
+        self.hints = []  # lines that name a likely cause (stepledger.wording), after the notes
 
     @property
     def ok(self):
@@ -138,6 +143,7 @@ class Report:
                     counts = ", ".join("%s %d" % (f, n) for f, n in d.counts.items() if n)
                     out.append("env %d: events that differ, after and including the first: %s"
                                % (d.env, counts or "none of the compared fields"))
+                    out += ["env %d: %s" % (d.env, text) for text in d.patterns]
         out.append("%d of %d envs differ" % (len(self.differences), len(self.envs)))
         for side in ("env", "trainer"):
             if self.partial.get(side):
@@ -145,6 +151,7 @@ class Report:
                            "was read from its spilled segments" % side)
         if self.values_hint:
             out.append(_HINT)
+        out += self.hints
         return out
 
     def __str__(self):
@@ -156,7 +163,7 @@ class Report:
     def to_dict(self):
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
                 "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
-                "values_hint": self.values_hint}
+                "values_hint": self.values_hint, "hints": list(self.hints)}
 
     def to_json(self):
         return _jsonout.dumps(self.to_dict())
@@ -187,19 +194,22 @@ def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
     if env_meta.get("format_version") != trainer_meta.get("format_version"):
         raise LedgerError("the two sides use different format versions (env %s, trainer %s)"
                           % (env_meta.get("format_version"), trainer_meta.get("format_version")))
-    for key, name in _SETTINGS:
+    msg = settings_difference(env_meta, trainer_meta)
+    if msg:
+        raise SettingsError(msg)
+
+
+def settings_difference(env_meta, trainer_meta):
+    """The line saying which setting the two sides recorded differently, or None.
+
+    Spaces that differ only in what digests do not depend on (Box bounds)
+    are the same setting. The live check asks this too, at the first token.
+    """
+    for key, _ in _SETTINGS:
         a, b = env_meta.get(key), trainer_meta.get(key)
-        # spaces that differ only in what digests do not depend on (Box bounds) compare fine
         if (digest_signature(a) != digest_signature(b)) if key != "reward_dtype" else a != b:
-            msg = "the two sides recorded different %ss: env %s, trainer %s" % (
-                name, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
-            if key != "reward_dtype":
-                msg += ("; a wrapper that changes the space (VecFrameStack, NormalizeObservation, ...) probably "
-                        "sits between a ledger and the vector env: put the trainer-side ledger innermost and "
-                        "LedgerEnv outermost in the worker")
-            else:
-                msg += "; pass the same reward_dtype to both sides"
-            raise LedgerError(msg)
+            return wording.different_settings(key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+    return None
 
 
 # ---------------------------------------------------------------- values
@@ -300,6 +310,7 @@ def _compare_stream(env_stream, tr_stream, count_all):
     counts = {f: 0 for f in S.FIELDS} if count_all else None
     carry = (-1, 0)
     position = None
+    where = None
     for start in range(0, n, CHUNK):
         stop = min(start + CHUNK, n)
         a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
@@ -318,10 +329,14 @@ def _compare_stream(env_stream, tr_stream, count_all):
             for f in S.FIELDS:
                 col = S.FIELD_COLUMNS[f]
                 counts[f] += int(np.count_nonzero(np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])))
+            where = where or _Where()
+            where.add(a, b, lo)
         if first >= 0 and not count_all:
             break
     if first < 0 and n:
         position = carry  # the position of the last shared event
+    if counts is not None:
+        counts["where"] = where
     return first, counts, position
 
 
@@ -374,6 +389,109 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
     return d
 
 
+# ---------------------------------------------------------------- causes
+
+class _Where:
+    """With count_all: where each field's differences fall, from an env's first difference on."""
+
+    def __init__(self):
+        self.totals = {"events": 0, "steps": 0, "ends": 0, "starts": 0}
+        self.by_field = {f: {"at_steps": 0, "at_ends": 0, "at_starts": 0} for f in S.FIELDS}
+        self._prev_kind = None  # the kind of the event before the chunk
+
+    def add(self, a, b, lo):
+        kind = np.asarray(a["kind"])
+        prev = np.empty_like(kind)
+        prev[0] = S.KIND_STEP if self._prev_kind is None else self._prev_kind
+        prev[1:] = kind[:-1]
+        self._prev_kind = kind[-1]
+        kind, prev = kind[lo:], prev[lo:]
+        is_step = kind == S.KIND_STEP
+        ends = is_step & (np.asarray(a["terminated"][lo:]) | np.asarray(a["truncated"][lo:]))
+        starts = is_step & (prev == S.KIND_RESET)
+        t = self.totals
+        t["events"] += len(kind)
+        t["steps"] += int(np.count_nonzero(is_step))
+        t["ends"] += int(np.count_nonzero(ends))
+        t["starts"] += int(np.count_nonzero(starts))
+        for f in S.FIELDS:
+            col = S.FIELD_COLUMNS[f]
+            diff = np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])
+            c = self.by_field[f]
+            c["at_steps"] += int(np.count_nonzero(diff & is_step))
+            c["at_ends"] += int(np.count_nonzero(diff & ends))
+            c["at_starts"] += int(np.count_nonzero(diff & starts))
+
+    def patterns(self, counts, episode, step):
+        out = []
+        for f in S.FIELDS:
+            n = counts.get(f, 0)
+            if n:
+                out.append(wording.pattern(f, n, dict(self.totals, **self.by_field[f]), episode, step))
+        return out
+
+
+_MATCH_EVENTS = 4096  # events compared when looking for an env file that matches another env's stream
+
+
+def _prefix_matches(env_stream, tr_stream):
+    n = min(len(env_stream), len(tr_stream), _MATCH_EVENTS)
+    if n == 0:
+        return False
+    a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, 0, n)
+    b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, 0, n)
+    return core.first_difference(a, b) < 0
+
+
+def _index_hint(report, env_ledger, tr_ledger):
+    """A line when env files match other trainer envs' streams (index= wrong, swapped or duplicated), or None.
+
+    Only envs that differ from their very first events, or that are on one
+    side only, are looked at; a stream matches when its first events agree.
+    """
+    early = {d.env for d in report.differences
+             if d.what == "one_side" or (d.what in ("fields", "kind") and d.event is not None and d.event <= 1)}
+    env_side = [e for e in sorted(early) if e in env_ledger.streams]
+    tr_side = [e for e in sorted(early) if e in tr_ledger.streams]
+    if not env_side or not tr_side:
+        return None
+    pairs, taken = [], set()
+    for e in env_side:
+        for t in tr_side:
+            if t != e and t not in taken and _prefix_matches(env_ledger.streams[e], tr_ledger.streams[t]):
+                pairs.append((e, t))
+                taken.add(t)
+                break
+    if not pairs:
+        return None
+    unmatched = [t for t in tr_side if t not in taken]  # suspects differ early from their own file, if any
+    # env-e.npz holds trainer env t's stream, trainer env e has no file of its own and there is no env-t.npz:
+    # two envs were given index e and one file overwrote the other
+    duplicates = sorted({e for e, t in pairs if e in unmatched and t not in env_ledger.streams})
+    return wording.index_hint(pairs, unmatched, duplicates)
+
+
+def cause_hints(report, env_ledger, tr_ledger):
+    """Hint lines that name the likely cause of a report's differences (worded in stepledger.wording)."""
+    if report.ok:
+        return []
+    line = _index_hint(report, env_ledger, tr_ledger)
+    if line:
+        return [line]
+    hints = []
+    diffs = report.differences
+    fields = [d for d in diffs if d.what == "fields"]
+    if len(fields) == len(diffs) == len(report.envs) and all(d.episode == 0 and d.step <= 1 for d in fields):
+        common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
+        if common:
+            hints.append(wording.every_env_hint(common[0], len(report.envs)))
+    if fields and len(fields) == len(diffs) and all(
+            d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
+            and d.trainer_values.get("truncated") == "True" for d in fields):
+        hints.append(wording.TIME_LIMIT_HINT)
+    return hints
+
+
 def compare(env_dir, trainer_file, count_all=False, progress=None):
     """Compare the env-side ledgers in ``env_dir`` with the trainer ledger ``trainer_file``.
 
@@ -415,12 +533,17 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                 d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
             else:
                 continue
+            where = counts.pop("where", None) if counts is not None else None
+            if where is not None and d.what == "fields":
+                d.patterns = where.patterns(counts, d.episode, d.step)
             d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
             differences.append(d)
         if progress is not None:
             progress(len(envs), len(envs))
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
-        return Report(envs, differences, partial, hint, count_all)
+        report = Report(envs, differences, partial, hint, count_all)
+        report.hints = cause_hints(report, env_ledger, tr_ledger)
+        return report
     except LedgerError as exc:
         text = tr_ledger.rename(env_ledger.rename(str(exc)))  # a URL's local copy named by its URL
         if text != str(exc):

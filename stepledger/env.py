@@ -7,8 +7,9 @@ import numpy as np
 
 from . import core
 from . import storage
-from ._schema import TOKEN_KEY
+from ._schema import SETTINGS_KEY, TOKEN_KEY
 from .recording import Recording, check_path, check_reward_dtype, spill_everything
+from .live import settings_message
 from .spaces import LeafLayout
 
 
@@ -79,6 +80,8 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._buffer = buffer
         keep = self._recording.values[0].append if keep_values else None
         self._rec = core.EventRecorder(buffer, obs_layout, act_layout, dtype == np.float32, keep)
+        # sent once, with the first event's token, so that the trainer side can refuse other settings at once
+        self._settings = settings_message(dtype.name, obs_layout, act_layout) if live else None
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
@@ -117,6 +120,8 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # A copy: the env's own dict is left as it was (it may reuse it).
         info = dict(info)
         info[TOKEN_KEY] = self._rec.token(self.index)
+        if self._settings is not None:
+            info[SETTINGS_KEY], self._settings = self._settings, None
         if self._recording is None:
             self._buffer.clear()
         return info

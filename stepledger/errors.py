@@ -11,3 +11,10 @@ class LedgerError(Exception):
 
 class UnsupportedSpaceError(LedgerError, TypeError):
     """A space that stepledger cannot digest, raised when a wrapper is built."""
+
+
+class SettingsError(LedgerError):
+    """The two sides record with different settings (reward dtype, spaces), so their records cannot agree.
+
+    Raised by compare, and by the live check at an env's first token.
+    """

@@ -8,10 +8,13 @@ compares each token with its own record of the same event and raises
 fault is caught at the step where it happens, not after the run.
 """
 
+import json
 import struct
 import warnings
 
 from . import _schema as S
+from . import wording
+from .errors import SettingsError
 
 _TOKEN = struct.Struct(S.TOKEN_FORMAT)
 assert _TOKEN.size == S.TOKEN_SIZE
@@ -53,8 +56,7 @@ def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
         return BoundaryFault("env %d: the live token is damaged (%r)" % (env, token), env, None, None, ("token",))
     index, counter, episode, step, kind, h_obs, h_act, h_rew, te, tr = parsed
     if index != env:
-        return BoundaryFault("env %d: received the live token of env %d (episode %d, step %d): envs are mixed up "
-                             "on the way" % (env, index, episode, step), env, episode, step, ("env",))
+        return BoundaryFault(wording.mixed_up_live(env, index, episode, step), env, episode, step, ("env",))
     if counter != counter_expected:
         return BoundaryFault("env %d, episode %d, step %d: events out of order: the env sent its event %d where "
                              "the trainer expected event %d" % (env, episode, step, counter, counter_expected),
@@ -83,6 +85,18 @@ def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
     return BoundaryFault(d.line(), env, episode, step, fields, env_values, tr_values)
 
 
+def settings_of(reward_dtype, obs_layout, act_layout):
+    """What both sides must record alike, as the ledger's meta names it (spaces by their digest signature)."""
+    from .spaces import digest_signature
+    return {"reward_dtype": str(reward_dtype), "observation_space": digest_signature(obs_layout.description),
+            "action_space": digest_signature(act_layout.description)}
+
+
+def settings_message(reward_dtype, obs_layout, act_layout):
+    """The env side's settings as sent with its first token (bytes: a plain immutable value)."""
+    return json.dumps(settings_of(reward_dtype, obs_layout, act_layout), sort_keys=True).encode()
+
+
 def deliver(fault, on_fault):
     """Raise, warn or call, as the wrapper was told."""
     if on_fault == "raise":
@@ -103,19 +117,41 @@ class LiveCheck:
     callable. Every fault is also kept in ``faults``.
     """
 
-    def __init__(self, recorder, reward_dtype, on_fault, owner):
+    def __init__(self, recorder, reward_dtype, on_fault, owner, settings=None):
         self.rec = recorder
         self.reward_dtype = reward_dtype
         self.on_fault = on_fault
         self.owner = owner
+        self.settings = settings  # this side's settings_of(...), checked against each env's first token
         self.faults = []
         self._silent = set()
+
+    def check_settings(self, values):
+        """Refuse (SettingsError) when an env side sent settings that differ from this side's.
+
+        ``values`` holds, per env, what arrived under ``SETTINGS_KEY`` (only
+        with an env's first event), or None where nothing did.
+        """
+        if values is None or self.settings is None:
+            return
+        from .compare import settings_difference
+        for i, value in enumerate(values):
+            if not isinstance(value, (bytes, str)):
+                continue
+            try:
+                theirs = json.loads(value)
+            except ValueError:
+                continue
+            text = settings_difference(theirs, self.settings)
+            if text:
+                raise SettingsError(wording.live_settings(self.owner, i, text))
 
     def __call__(self, single, first=None, second=None):
         problems = self.rec.check(single, first, second)
         if not problems:
             return
         pending = []
+        first_index = []  # (index in the token, env) for envs whose first token carries another index
         for i, j, token in problems:
             if token is None and self.rec.token_seen[i]:
                 # tokens were arriving: this event has none, so the env never produced it
@@ -135,14 +171,37 @@ class LiveCheck:
                                   "not active for env %d" % (self.owner, i, i), stacklevel=4)
                 continue
             expected = int(self.rec.counts[i]) - self.rec.events_in_call(i) + j
+            parsed = unpack_token(token)
+            if parsed is not None and parsed[0] != i and parsed[1] == 0 == expected:
+                first_index.append((parsed[0], i))
+                continue
             fault = fault_from_event(i, token, self.rec.event(i, j), self.reward_dtype, expected)
             if fault is not None:
                 pending.append(fault)
+        if first_index:
+            pending[:0] = self._index_faults(first_index)
         for fault in pending:
             self.faults.append(fault)
         for fault in pending:
             if self.on_fault != "record":
                 deliver(fault, self.on_fault)
+
+
+    def _index_faults(self, pairs):
+        """Faults for envs whose first token is another env's: duplicates named one by one, the rest in one line."""
+        faults, rest, claimed = [], [], {}
+        for index, env in pairs:
+            # env ``index`` receiving valid tokens of its own, or an env earlier in this list, has this index too
+            own = index < len(self.rec.token_seen) and bool(self.rec.token_seen[index])
+            owner = index if own else claimed.get(index)
+            if owner is not None:
+                faults.append(BoundaryFault(wording.duplicate_live_index(env, index, owner), env, 0, 0, ("index",)))
+            else:
+                rest.append((index, env))
+            claimed.setdefault(index, env)
+        if rest:
+            faults.append(BoundaryFault(wording.live_index_hint(rest)[len("hint: "):], rest[0][1], 0, 0, ("index",)))
+        return faults
 
 
 def check_on_fault(on_fault, owner):

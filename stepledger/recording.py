@@ -434,7 +434,7 @@ class TrainerSide:
 
     def __init__(self, owner, path, n_envs, obs_space, act_space, reward_dtype, keep_values, autoreset_mode,
                  live, on_fault):
-        from .live import LiveCheck, check_on_fault
+        from .live import LiveCheck, check_on_fault, settings_of
         from .spaces import LeafLayout
         if path is not None or not live:
             path = check_path(path, owner, "path")
@@ -453,7 +453,8 @@ class TrainerSide:
                                        {"autoreset_mode": autoreset_mode})
             buffers = self.recording.buffers
         self.recorder = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
-        self.live = LiveCheck(self.recorder, dtype.name, check_on_fault(on_fault, owner), owner) if live else None
+        self.live = LiveCheck(self.recorder, dtype.name, check_on_fault(on_fault, owner), owner,
+                              settings_of(dtype.name, obs_layout, act_layout)) if live else None
 
     def after_step(self, over):
         """Keep memory bounded after a recorded step: spill if over the limit, or empty the live-only buffers."""

@@ -15,9 +15,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
                       "(or pip install stable-baselines3)") from exc
 
 from . import core
-from ._schema import TOKEN_KEY
+from ._schema import SETTINGS_KEY, TOKEN_KEY
 from .live import BoundaryFault, check_on_fault
 from .recording import TrainerSide
+from .stack import warn_inner_wrappers
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
 
@@ -44,11 +45,14 @@ class LedgerVecEnv(VecEnvWrapper):
     :param on_fault: with live, what a mismatch does: "raise" a BoundaryFault (default), "warn", "record"
         (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
     :param keep_tokens: leave the tokens in the infos (by default they are removed).
+    :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
+        that changes values on purpose sits between this ledger and the VecEnv; False if you mean it.
     """
 
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
-                 keep_tokens=False):
+                 keep_tokens=False, check_wrappers=True):
         super().__init__(venv)
+        warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
         self._side = TrainerSide("LedgerVecEnv", path, venv.num_envs, venv.observation_space, venv.action_space,
                                  reward_dtype, keep_values, "sb3", live, on_fault)
         self.ledger_path = self._side.path
@@ -91,6 +95,8 @@ class LedgerVecEnv(VecEnvWrapper):
                 over |= store.append(None if rows is None else [r[i] for r in rows], None)
         self._after(over)
         if self._live is not None:
+            # each env's first event is this reset: its settings come with it
+            self._live.check_settings(self._rec.tokens(self._inner_reset_infos(), SETTINGS_KEY, self._pop_tokens))
             tokens = self._rec.tokens(self._inner_reset_infos(), TOKEN_KEY, self._pop_tokens)
             self._live(tokens)
         return obs

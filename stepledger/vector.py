@@ -6,8 +6,9 @@ import gymnasium as gym
 import numpy as np
 
 from . import core
-from ._schema import TOKEN_KEY
+from ._schema import SETTINGS_KEY, TOKEN_KEY
 from .recording import TrainerSide
+from .stack import warn_inner_wrappers
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
 
@@ -131,11 +132,16 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             a callable that receives the BoundaryFault.
         keep_tokens: leave the tokens in the info (by default they are removed,
             so training code sees what it would see without stepledger).
+        check_wrappers: warn once when a wrapper that changes values on
+            purpose (NormalizeObservation, NormalizeReward, TransformReward,
+            ClipAction, ...) sits between this ledger and the vector env;
+            False if you mean to check through it.
     """
 
     def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
-                 on_fault="raise", keep_tokens=False):
+                 on_fault="raise", keep_tokens=False, check_wrappers=True):
         super().__init__(env)
+        warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
         self._side = TrainerSide("LedgerVectorEnv", path, env.num_envs, env.single_observation_space,
                                  env.single_action_space, reward_dtype, keep_values, self.autoreset_mode, live,
@@ -273,6 +279,12 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         self._side.after_step(over)
         if self._live is None:
             return
+        settings = info.get(SETTINGS_KEY)
+        if settings is not None:  # only with an env's first event
+            if self._pop_tokens:
+                info.pop(SETTINGS_KEY, None)
+                info.pop("_" + SETTINGS_KEY, None)
+            self._live.check_settings(settings)
         top = info.get(TOKEN_KEY)
         final = final_info.get(TOKEN_KEY) if isinstance(final_info, dict) else None
         if self._pop_tokens:

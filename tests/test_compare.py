@@ -127,7 +127,9 @@ def test_env_on_one_side_only(tmp_path):
     assert lines == [
         "env 5: recorded only on the env side (3 events); the trainer ledger has no stream for it",
         "env 7: recorded only on the trainer side (3 events); the env ledger has no stream for it",
-        "2 of 4 envs differ"]
+        "2 of 4 envs differ",
+        # the two streams hold the same events: most likely one env was given the wrong index
+        "hint: env-5.npz matches the trainer's env 7: is index= each env's position in the vector env?"]
 
 
 def test_count_all_tells_one_off_from_systematic(tmp_path):

@@ -1,6 +1,7 @@
 """Live mode: every fault of the detection matrix is caught as it happens, where compare finds it."""
 
 import functools
+import json
 import os
 import warnings
 
@@ -10,6 +11,7 @@ import pytest
 
 from fault_harness import HARNESSES, rollout
 from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv
+from stepledger import _schema as S
 from stepledger._schema import TOKEN_KEY
 from stepledger.faults import FAULTS, FaultyEnv, reported_fields
 from stepledger.live import unpack_token
@@ -64,12 +66,14 @@ def test_token_is_plain_bytes_and_leaves_everything_else_alone(tmp_path):
     live = LedgerEnv(gym.make("Pendulum-v1"), str(tmp_path / "b"), index=3, live=True)
     o1, i1 = plain.reset(seed=1)
     o2, i2 = live.reset(seed=1)
-    assert np.array_equal(o1, o2) and TOKEN_KEY not in i1 and set(i2) == set(i1) | {TOKEN_KEY}
+    # the first event also carries the env side's settings, once
+    assert np.array_equal(o1, o2) and TOKEN_KEY not in i1 and set(i2) == set(i1) | {TOKEN_KEY, S.SETTINGS_KEY}
     assert type(i2[TOKEN_KEY]) is bytes and unpack_token(i2[TOKEN_KEY])[:5] == (3, 0, 0, 0, 0)
+    assert type(i2[S.SETTINGS_KEY]) is bytes and json.loads(i2[S.SETTINGS_KEY])["reward_dtype"] == "float32"
     for _ in range(3):
         r1 = plain.step(np.array([0.3], np.float32))
         r2 = live.step(np.array([0.3], np.float32))
-        assert np.array_equal(r1[0], r2[0]) and r1[1:4] == r2[1:4]
+        assert np.array_equal(r1[0], r2[0]) and r1[1:4] == r2[1:4] and set(r2[4]) == set(r1[4]) | {TOKEN_KEY}
     plain.close()
     live.close()
     a = open(tmp_path / "a" / "env-3.npz", "rb").read()

@@ -1,0 +1,62 @@
+"""What sits between a trainer-side ledger and the vector env it records.
+
+The trainer-side ledger must be innermost: a wrapper between it and the
+vector env that changes values on purpose (normalizes, transforms, clips,
+rescales or stacks them) makes every env differ from its first events.
+``value_changing_wrappers`` walks the chain inside the ledger and names them;
+the ledgers warn once at construction (``check_wrappers=False`` silences it).
+"""
+
+import warnings
+
+from . import wording
+
+# Known by class name, so that SB3 need not be imported to recognise its wrappers.
+_BY_NAME = {
+    # Gymnasium (vector and single-env forms share these names)
+    "NormalizeObservation", "NormalizeReward", "TransformObservation", "TransformReward", "TransformAction",
+    "VectorizeTransformObservation", "VectorizeTransformReward", "VectorizeTransformAction",
+    "ClipAction", "ClipReward", "RescaleAction", "RescaleObservation", "FrameStackObservation",
+    "DtypeObservation", "FlattenObservation", "GrayscaleObservation", "ResizeObservation", "ReshapeObservation",
+    "FilterObservation",
+    # Stable-Baselines3
+    "VecNormalize", "VecFrameStack", "VecTransposeImage",
+}
+
+
+def _changes_values(env):
+    try:
+        import gymnasium as gym
+        bases = (gym.vector.VectorObservationWrapper, gym.vector.VectorActionWrapper,
+                 gym.vector.VectorRewardWrapper)
+        if isinstance(env, bases):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    return any(cls.__name__ in _BY_NAME for cls in type(env).__mro__[:-1])
+
+
+def value_changing_wrappers(env):
+    """Names of the wrappers in ``env``'s chain (outermost first) known to change values on purpose.
+
+    Follows Gymnasium's ``.env`` and SB3's ``.venv`` down to the vector env.
+    """
+    names, seen = [], set()
+    while env is not None and id(env) not in seen:
+        seen.add(id(env))
+        if _changes_values(env):
+            names.append(type(env).__name__)
+        # the attributes themselves: both libraries' wrappers forward unknown names inward
+        own = getattr(env, "__dict__", {})
+        env = own.get("venv", own.get("env"))
+    return names
+
+
+def warn_inner_wrappers(env, owner, check_wrappers=True):
+    """Warn once (UserWarning) when ``env`` holds wrappers that change values on purpose."""
+    if not check_wrappers:
+        return []
+    names = value_changing_wrappers(env)
+    if names:
+        warnings.warn(wording.inner_wrapper_warning(owner, names), UserWarning, stacklevel=3)
+    return names

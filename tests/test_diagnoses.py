@@ -1,0 +1,273 @@
+"""Reports that name the cause: wrong or duplicate index, wrappers inside the trainer-side ledger, TimeLimit
+outside LedgerEnv, where systematic differences fall (--all), and live mode with other settings."""
+
+import functools
+import os
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv, compare
+from stepledger.cli import main
+from stepledger.errors import SettingsError
+from stepledger.faults import FaultyEnv
+from stepledger.stack import value_changing_wrappers
+
+INDEX_Q = "is index= each env's position in the vector env?"
+PLACE = "put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in the worker"
+
+
+def _env(i, d, index, limit=10, fault=None, dose="one", at=3, live=False, outer_limit=None, fault_env=None, **kw):
+    env = gym.make("Pendulum-v1", max_episode_steps=limit) if outer_limit is None else \
+        gym.make("Pendulum-v1", max_episode_steps=None)
+    env = LedgerEnv(env, d, index=index, live=live, **kw)
+    if outer_limit is not None:  # a TimeLimit outside LedgerEnv: the env side never sees the episode end
+        env = gym.wrappers.TimeLimit(env, outer_limit)
+    if fault is not None and fault_env in (None, i):
+        env = FaultyEnv(env, fault, index=i, dose=dose, at=at, target=i)
+    return env
+
+
+def run(d, indices=None, n=3, steps=25, wrap=None, seed=0, vector=gym.vector.SyncVectorEnv, live=False,
+        trainer_kw=None, **env_kw):
+    indices = list(range(n)) if indices is None else indices
+    fns = [functools.partial(_env, i, d, indices[i], live=live, **env_kw) for i in range(len(indices))]
+    envs = vector(fns)
+    if wrap is not None:
+        envs = wrap(envs)
+    trainer = os.path.join(d, "trainer.npz") if d is not None else None
+    envs = LedgerVectorEnv(envs, trainer, live=live, **(trainer_kw or {}))
+    envs.single_action_space.seed(seed)
+    acts = [np.stack([envs.single_action_space.sample() for _ in range(len(indices))]) for _ in range(steps)]
+    envs.reset(seed=seed)
+    for a in acts:
+        envs.step(a)
+    envs.close()
+    return d, trainer
+
+
+# ---------------------------------------------------------------- index
+
+def test_swapped_indices_are_named(tmp_path):
+    d, t = run(str(tmp_path), indices=[1, 0, 2])
+    report = compare(d, t)
+    lines = str(report).splitlines()
+    assert lines[-1] == "hint: env-0.npz matches the trainer's env 1 and env-1.npz its env 0: " + INDEX_Q
+    assert "2 of 3 envs differ" in lines
+    assert report.to_dict()["hints"] == [lines[-1]]
+
+
+def test_off_by_one_indices_are_named(tmp_path):
+    d, t = run(str(tmp_path), indices=[1, 2, 3])
+    lines = str(compare(d, t)).splitlines()
+    assert lines[-1] == ("hint: env-1.npz matches the trainer's env 0, env-2.npz its env 1 and env-3.npz its env 2: "
+                         + INDEX_Q)
+
+
+def test_duplicate_index_is_named(tmp_path):
+    # envs 1 and 2 both say index=1: the last to close (env 2) overwrites env-1.npz
+    d, t = run(str(tmp_path), indices=[0, 1, 1])
+    lines = str(compare(d, t)).splitlines()
+    assert lines[-1] == ("hint: env-1.npz matches the trainer's env 2; no env-side stream matches the trainer's "
+                         "env 1; index=1 was given to more than one env (their ledger files overwrite each "
+                         "other): " + INDEX_Q)
+
+
+def test_a_real_fault_gets_no_index_hint(tmp_path):
+    d, t = run(str(tmp_path), fault="obs:zero", at=0, fault_env=1)
+    text = str(compare(d, t))
+    assert text.splitlines()[0].startswith("env 1, episode 0, step 1: obs differs")
+    assert "index=" not in text and "hint: all" not in text
+
+
+def test_live_swapped_indices_are_named_at_the_first_token(tmp_path):
+    with pytest.raises(BoundaryFault) as err:
+        run(None, indices=[1, 0], live=True)
+    assert str(err.value) == ("the live tokens of index=1 arrive as the trainer's env 0 and those of index=0 as "
+                              "its env 1: " + INDEX_Q)
+    assert err.value.fields == ("index",)
+
+
+def test_live_duplicate_index_is_named(tmp_path):
+    with pytest.raises(BoundaryFault) as err:
+        run(None, indices=[0, 1, 1], live=True)
+    assert str(err.value) == ("env 2 receives the live tokens of LedgerEnv(index=1), as env 1 does: two envs were "
+                              "given index=1; " + INDEX_Q)
+
+
+# ---------------------------------------------------------------- wrappers inside the trainer-side ledger
+
+@pytest.mark.parametrize("wrapper, field", [
+    (lambda e: gym.wrappers.vector.NormalizeReward(e), "reward"),
+    (lambda e: gym.wrappers.vector.NormalizeObservation(e), "obs"),
+    (lambda e: gym.wrappers.vector.ClipReward(e, -1e-3, 0.0), "reward"),
+    (lambda e: gym.wrappers.vector.TransformReward(e, lambda r: 2 * r), "reward"),
+])
+def test_gymnasium_wrapper_inside_the_ledger_warns_once_and_compare_hints(tmp_path, wrapper, field):
+    name = type(wrapper(gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")]))).__name__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d, t = run(str(tmp_path), wrap=wrapper, steps=5)
+    ours = [w for w in caught if "check_wrappers=False" in str(w.message)]
+    assert len(ours) == 1
+    assert str(ours[0].message).startswith("LedgerVectorEnv: %s sits between this ledger and the vector env and "
+                                           "changes values on purpose" % name)
+    assert "%s(LedgerVectorEnv(envs, path))" % name in str(ours[0].message)
+    lines = str(compare(d, t)).splitlines()
+    assert "3 of 3 envs differ" in lines
+    assert lines[-1].startswith("hint: all 3 envs differ in %s from their first events: a wrapper between the two "
+                                "ledgers that changes " % field), lines
+    assert lines[-1].endswith(PLACE)
+
+
+def test_check_wrappers_false_silences_the_warning(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(str(tmp_path), wrap=gym.wrappers.vector.NormalizeReward, steps=2, trainer_kw={"check_wrappers": False})
+    assert not [w for w in caught if "check_wrappers" in str(w.message)]
+
+
+def test_wrappers_that_only_watch_are_not_named():
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
+    assert value_changing_wrappers(gym.wrappers.vector.RecordEpisodeStatistics(envs)) == []
+    stacked = gym.wrappers.vector.RescaleAction(gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.wrappers.vector.NormalizeObservation(envs)), -0.5, 0.5)
+    assert value_changing_wrappers(stacked) == ["RescaleAction", "NormalizeObservation"]
+    envs.close()
+
+
+@pytest.mark.parametrize("name", ["VecNormalize", "VecFrameStack", "VecTransposeImage"])
+def test_sb3_wrapper_inside_the_ledger_warns(tmp_path, name):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common import vec_env as V
+
+    from stepledger.sb3 import LedgerVecEnv
+    if name == "VecTransposeImage":
+        def make():
+            return gym.wrappers.TransformObservation(
+                gym.make("CartPole-v1"), lambda o: np.zeros((8, 8, 3), np.uint8),
+                gym.spaces.Box(0, 255, (8, 8, 3), np.uint8))
+        inner = V.VecTransposeImage(V.DummyVecEnv([make]))
+    else:
+        base = V.DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+        inner = V.VecNormalize(base) if name == "VecNormalize" else V.VecFrameStack(base, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        venv = LedgerVecEnv(inner, str(tmp_path / "trainer.npz"))
+    ours = [w for w in caught if "check_wrappers=False" in str(w.message)]
+    assert len(ours) == 1 and str(ours[0].message).startswith("LedgerVecEnv: %s sits between" % name)
+    venv.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        LedgerVecEnv(V.DummyVecEnv([lambda: gym.make("Pendulum-v1")]), str(tmp_path / "t2.npz")).close()
+    assert not [w for w in caught if "check_wrappers" in str(w.message)]
+
+
+def test_sb3_vecnormalize_inside_the_ledger_compare_hint(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from stepledger.sb3 import LedgerVecEnv
+    d = str(tmp_path)
+    venv = VecNormalize(DummyVecEnv([functools.partial(_env, i, d, i) for i in range(2)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+    venv.reset()
+    for _ in range(5):
+        venv.step(np.zeros((2, 1), np.float32))
+    venv.close()
+    lines = str(compare(d, os.path.join(d, "trainer.npz"))).splitlines()
+    assert lines[-1].startswith("hint: all 2 envs differ in obs from their first events: a wrapper between the two "
+                                "ledgers that changes observations on purpose (")
+    assert "VecNormalize" in lines[-1]
+
+
+# ---------------------------------------------------------------- TimeLimit outside LedgerEnv
+
+def test_time_limit_outside_ledger_env_hint(tmp_path):
+    d, t = run(str(tmp_path), outer_limit=7, steps=20)
+    lines = str(compare(d, t)).splitlines()
+    assert lines[0] == "env 0, episode 0, step 7: truncated differs (env gave False, trainer received True)"
+    assert lines[-1] == ("hint: only truncated differs, and the trainer received True where the env gave False: a "
+                         "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put "
+                         "LedgerEnv outermost in the worker, after TimeLimit")
+
+
+def test_a_truncation_fault_of_another_kind_gets_no_time_limit_hint(tmp_path):
+    d, t = run(str(tmp_path), fault="truncated:as-term", at=0, steps=15)
+    assert "TimeLimit" not in str(compare(d, t))
+
+
+# ---------------------------------------------------------------- --all: where the differences fall
+
+def test_all_final_obs_at_every_episode_end(tmp_path, capsys):
+    d, t = run(str(tmp_path), n=2, fault="final-obs:zero", dose="all", at=0, steps=60)
+    assert main(["compare", d, t, "--all"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    # 60 vector steps, NEXT_STEP: episodes of 10 steps and a reset step in between end 5 times per env
+    assert "env 0: obs differs at the last step of 5 of 5 episodes (final observations: an autoreset " \
+           "convention?)" in lines, lines
+
+
+def test_all_reward_at_every_step(tmp_path):
+    d, t = run(str(tmp_path), n=2, fault="reward:f16", dose="all", at=0, steps=30)
+    text = str(compare(d, t, count_all=True))
+    assert "env 1: reward differs at every step from step 1 on" in text.splitlines(), text
+
+
+def test_all_one_event_only(tmp_path):
+    d, t = run(str(tmp_path), n=2, fault="reward:f16", at=4, steps=30)
+    report = compare(d, t, count_all=True)
+    assert "env 0: reward differs at one event only" in str(report).splitlines()
+    assert report.to_dict()["differences"][0]["patterns"] == ["reward differs at one event only"]
+
+
+# ---------------------------------------------------------------- live: other settings on the two sides
+
+def test_live_other_reward_dtype_is_refused_at_the_first_token():
+    with pytest.raises(SettingsError) as err:
+        run(None, n=2, live=True, reward_dtype=np.float64)
+    assert str(err.value) == ("LedgerVectorEnv: env 0's LedgerEnv(live=True) records with other settings than this "
+                              "ledger: the two sides recorded different reward dtypes: env \"float64\", trainer "
+                              "\"float32\"; pass the same reward_dtype to both sides")
+
+
+def test_live_other_observation_space_is_refused_at_the_first_token():
+    wrap = functools.partial(gym.wrappers.vector.DtypeObservation, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(SettingsError, match="the two sides recorded different observation spaces: env .*float32"
+                                                ".*, trainer .*float64"):
+            run(None, n=2, live=True, wrap=wrap)
+
+
+def test_live_keep_values_on_one_side_still_checks(tmp_path):
+    # keep_values does not change digests: a run with it on one side only is checked, not refused
+    d, t = run(str(tmp_path), n=2, live=True, keep_values=True, steps=12)
+    assert compare(d, t)
+
+
+def test_live_sb3_other_reward_dtype_is_refused_at_reset(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from stepledger.sb3 import LedgerVecEnv
+    venv = LedgerVecEnv(DummyVecEnv([functools.partial(_env, i, None, i, live=True, reward_dtype=np.float64)
+                                     for i in range(2)]), None, live=True)
+    with pytest.raises(SettingsError, match="^LedgerVecEnv: env 0's LedgerEnv\\(live=True\\) records with other "
+                                            "settings than this ledger: the two sides recorded different reward "
+                                            "dtypes"):
+        venv.reset()
+    venv.close()
+
+
+def test_offline_settings_refusal_words_the_same(tmp_path):
+    d, t = run(str(tmp_path), n=1, steps=3, reward_dtype=np.float64)
+    # the trainer side recorded float32, the env side float64
+    with pytest.raises(SettingsError) as err:
+        compare(d, t)
+    assert str(err.value) == ("the two sides recorded different reward dtypes: env \"float64\", trainer \"float32\"; "
+                              "pass the same reward_dtype to both sides")
