@@ -4,8 +4,9 @@
 reward bits at about 55 MB/s: 16M events took over 2 s for that column
 alone. ISA-L (the ``isal`` package) produces standard raw deflate streams at
 about 270 MB/s on the same data, and any zlib, numpy's np.load included,
-reads them. Where isal is not installed, zlib is used: the file is just as
-valid, only slower to write.
+reads them. isal is optional (the ``[isal]`` extra): where it is not installed,
+zlib is used and the file is just as valid, in the same format (ledgerfile.py
+then stores the reward column rather than deflate it slowly).
 
 The writer streams each member (local header, data, then the header patched
 with its CRC and sizes), so a member never has to be in memory at once. Every

@@ -1,0 +1,113 @@
+"""The base install is NumPy and Gymnasium only: isal is an optional accelerator, and files written with and
+without it read the same."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = None
+
+_NO_ISAL = r"""
+import sys
+class _NoIsal:
+    def find_spec(self, name, path=None, target=None):
+        if name == "isal" or name.startswith("isal."):
+            raise ImportError("isal is not installed here")
+sys.meta_path.insert(0, _NoIsal())
+"""
+
+_RUN = r"""
+import functools, json, os, sys
+import gymnasium as gym, numpy as np
+from stepledger import LedgerEnv, LedgerVectorEnv
+from stepledger._zipwriter import DEFLATE
+d, side = sys.argv[1], sys.argv[2]
+def make(i):
+    return LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=20), d, index=i)
+envs = gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(3)])
+if side == "both":
+    envs = LedgerVectorEnv(envs, os.path.join(d, "trainer.npz"))
+envs.reset(seed=0)
+rng = np.random.default_rng(0)
+for _ in range(150):
+    envs.step(rng.uniform(-2, 2, (3, 1)).astype(np.float32))
+envs.close()
+print(DEFLATE)
+"""
+
+
+def _python(code, *args, isal=True):
+    prefix = "" if isal else _NO_ISAL
+    return subprocess.run([sys.executable, "-c", prefix + code, *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+@pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")
+def test_base_install_is_numpy_and_gymnasium_only():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    names = sorted(dep.split(">")[0].split("=")[0].split("[")[0].strip() for dep in project["dependencies"])
+    assert names == ["gymnasium", "numpy"]
+    assert any(dep.startswith("isal") for dep in project["optional-dependencies"]["isal"])
+
+
+def test_runs_without_isal_and_files_read_the_same_both_ways(tmp_path):
+    pytest.importorskip("isal")
+    a, b = tmp_path / "with", tmp_path / "without"
+    with_isal = _python(_RUN, str(a), "both")
+    without = _python(_RUN, str(b), "both", isal=False)
+    assert with_isal.returncode == 0 and without.returncode == 0, with_isal.stderr + without.stderr
+    assert with_isal.stdout.split() == ["isal"] and without.stdout.split() == ["zlib"]
+
+    read_cols = r"""
+import json, sys
+import numpy as np
+from stepledger import read
+out = {}
+for path in sys.argv[1:]:
+    with read(path) as ledger:
+        out[path] = {"meta": ledger.meta, "cols": {str(i): {k: np.asarray(v).tolist() for k, v in s.columns.items()}
+                                                    for i, s in ledger.streams.items()}}
+print(json.dumps(out))
+"""
+    paths = [str(a), str(a / "trainer.npz"), str(b), str(b / "trainer.npz")]
+    for isal in (True, False):  # each reader reads both writers' files, and they hold the same
+        proc = _python(read_cols, *paths, isal=isal)
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got[paths[0]] == got[paths[2]] and got[paths[1]] == got[paths[3]]
+    # and the sides compare across the two installs: env files without isal, trainer file with it
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for i in range(3):
+        os.link(b / ("env-%d.npz" % i), mixed / ("env-%d.npz" % i))
+    proc = _python("import sys; from stepledger.cli import main; sys.exit(main(sys.argv[1:]))",
+                   "compare", str(mixed), str(a / "trainer.npz"), isal=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0 of 3 envs differ", proc.stdout + proc.stderr
+
+
+def test_numpy_reads_a_file_written_without_isal(tmp_path):
+    d = tmp_path / "l"
+    assert _python(_RUN, str(d), "env", isal=False).returncode == 0
+    import numpy as np
+    with np.load(d / "env-0.npz", allow_pickle=False) as z:
+        assert z["kind"][0] == 0 and len(z["h_rew"]) == len(z["kind"]) == 151
+        assert json.loads(str(z["meta"]))["side"] == "env"
+
+
+def test_the_core_in_use_and_the_pure_python_switch():
+    code = "import stepledger; print(stepledger.CORE)"
+    forced = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                            env=dict(os.environ, STEPLEDGER_PUREPYTHON="1"))
+    assert forced.stdout.strip() == "python", forced.stderr
+    version = subprocess.run([sys.executable, "-m", "stepledger", "--version"], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT, env=dict(os.environ, STEPLEDGER_PUREPYTHON="1"))
+    assert "(core: python)" in version.stdout
