@@ -10,10 +10,10 @@ from .__about__ import __version__
 from .compare import Report, compare
 from .core import IMPLEMENTATION as CORE
 from .env import LedgerEnv
-from .errors import LedgerError, UnsupportedSpaceError
+from .errors import LedgerError, SettingsError, UnsupportedSpaceError
 from .live import BoundaryFault
 from .read import read
 from .vector import LedgerVectorEnv
 
-__all__ = ["BoundaryFault", "CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "Report", "UnsupportedSpaceError", "__version__",
+__all__ = ["BoundaryFault", "CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "Report", "SettingsError", "UnsupportedSpaceError", "__version__",
            "compare", "read"]

@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from . import wording
 from .compare import compare
 from .env import LedgerEnv
 from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault, read_record, reported_fields
@@ -71,7 +72,7 @@ class FaultResult:
 
     def line(self):
         if not self.exercised:
-            return "%-22s not exercised (%s)" % (self.fault, self.reason or "no opportunity in this rollout")
+            return "%-22s not exercised (%s)" % (self.fault, self.reason or wording.NO_OPPORTUNITY)
         where = "env %d, episode %d, step %d" % (self.injected["env"], self.injected["episode"], self.injected["step"])
         if self.located:
             return "%-22s caught and located  (injected at %s)" % (self.fault, where)
@@ -116,18 +117,10 @@ class CheckReport:
         lines += [r.line() for r in self.results]
         n_ex = sum(r.exercised for r in self.results)
         n_ok = sum(r.located for r in self.results)
+        short = None
         if self.needs is not None:
-            n_short = sum(r.short for r in self.results)
-            verdict = ("the boundary is NOT checked: %d of %d faults had no opportunity in a rollout of %s "
-                       "steps; it needs at least %d (--steps %d)" % (n_short, len(self.results), self.steps,
-                                                                    self.needs, self.needs))
-        elif not n_ex:
-            verdict = "the boundary is NOT checked: no fault was exercised"
-        elif self.ok:
-            verdict = "the boundary is checked"
-        else:
-            verdict = "the boundary is NOT fully checked"
-        lines.append("%d of %d exercised faults caught and located; %s" % (n_ok, n_ex, verdict))
+            short = (sum(r.short for r in self.results), len(self.results), self.steps, self.needs)
+        lines.append(wording.check_verdict(n_ok, n_ex, self.ok, short))
         if self.directory is not None:
             lines.append("ledgers in %s" % self.directory)
         return "\n".join(lines)
@@ -225,25 +218,20 @@ def _no_opportunity(fault, term, trunc, at, target, time_limit):
 
     mean_len = int(math.ceil(n / len(ends))) if len(ends) else None
     if need in ("any", "step") and n <= at:
-        return ("the rollout is too short: env %d made %d steps; the fault waits for step %d" % (target, n, at),
-                vector_steps(at + 1, mean_len or time_limit()))
+        return wording.too_few_steps(target, n, at), vector_steps(at + 1, mean_len or time_limit())
     if need in ("any", "step"):
-        return "no opportunity in this rollout", None
+        return wording.NO_OPPORTUNITY, None
     which = {"end": ends, "termination": np.flatnonzero(term), "truncation": np.flatnonzero(trunc)}[need]
-    what = {"end": "an episode end", "termination": "a termination", "truncation": "a truncation"}[need]
     if which.size and which[-1] >= at:
-        return "no opportunity in this rollout", None
+        return wording.NO_OPPORTUNITY, None
     if which.size:  # seen, but only before ``at``: one more such episode after ``at`` is enough
-        return ("the rollout is too short: env %d had %s only before step %d" % (target, what, at),
-                vector_steps(at + int(which[0]) + 1, mean_len))
+        return wording.end_only_before(target, need, at), vector_steps(at + int(which[0]) + 1, mean_len)
     if len(ends):  # episodes did end, never this way: the env does not end them like that
-        return "no opportunity: env %d's episodes never ended with %s in this rollout" % (target, what), None
+        return wording.never_ended_so(target, need), None
     limit = time_limit()
     if limit:
-        return ("the rollout is too short: no episode of env %d ended in its %d steps, and its time limit is %d"
-                % (target, n, limit), vector_steps(limit * math.ceil((at + 1) / limit), limit))
-    return ("the rollout is too short: no episode of env %d ended in its %d steps (give the env a time limit)"
-            % (target, n), vector_steps(max(n, at) + 1, None))
+        return wording.no_episode_end(target, n, limit), vector_steps(limit * math.ceil((at + 1) / limit), limit)
+    return wording.no_episode_end(target, n), vector_steps(max(n, at) + 1, None)
 
 
 def _time_limit(env_fn, target):

@@ -139,6 +139,46 @@ def pattern(field, n, stats, episode, step):
     return "%s at %d of %d events %s" % (head, n, stats["events"], _from(episode, step))
 
 
+# ---------------------------------------------------------------- stepledger check: a rollout too short
+
+NO_OPPORTUNITY = "no opportunity in this rollout"
+_END_WORDS = {"end": "an episode end", "termination": "a termination", "truncation": "a truncation"}
+
+
+def too_few_steps(env, made, at):
+    return "the rollout is too short: env %d made %d steps; the fault waits for step %d" % (env, made, at)
+
+
+def end_only_before(env, need, at):
+    return "the rollout is too short: env %d had %s only before step %d" % (env, _END_WORDS[need], at)
+
+
+def never_ended_so(env, need):
+    """Episodes ended, never this way: the env does not give this fault a chance (not a failure)."""
+    return "no opportunity: env %d's episodes never ended with %s in this rollout" % (env, _END_WORDS[need])
+
+
+def no_episode_end(env, made, time_limit=None):
+    if time_limit:
+        return ("the rollout is too short: no episode of env %d ended in its %d steps, and its time limit is %d"
+                % (env, made, time_limit))
+    return "the rollout is too short: no episode of env %d ended in its %d steps (give the env a time limit)" % (
+        env, made)
+
+
+def check_verdict(n_located, n_exercised, ok, short=None):
+    """The check's last line. ``short`` is (faults without an opportunity, faults, steps, steps needed)."""
+    if short is not None:
+        n_short, n_faults, steps, needs = short
+        verdict = ("the boundary is NOT checked: %d of %d faults had no opportunity in a rollout of %s steps; it "
+                   "needs at least %d (--steps %d)" % (n_short, n_faults, steps, needs, needs))
+    elif not n_exercised:
+        verdict = "the boundary is NOT checked: no fault was exercised"
+    else:
+        verdict = "the boundary is checked" if ok else "the boundary is NOT fully checked"
+    return "%d of %d exercised faults caught and located; %s" % (n_located, n_exercised, verdict)
+
+
 # ---------------------------------------------------------------- settings
 
 SETTING_NAMES = {"reward_dtype": "reward dtype", "observation_space": "observation space",
