@@ -257,14 +257,19 @@ env.reset(seed=0)
 env.step(0)
 env.close()
 """
+    (info,) = uploader.leftover_stages(str(stage_tmp))
+    assert info["url"] == url + "/env-0.npz" and info["pid"] == proc.pid
+    not_uploaded = sorted(info["not_uploaded"])  # spilled while the upload queue was busy, as the kill came
     nxt = _run([sys.executable, "-c", writer, "s3://%s/next" % bucket], env, tmp_path)
     assert nxt.returncode == 0, nxt.stderr
     assert [p for p in os.listdir(stage_tmp) if p.startswith("stepledger-stage-")] == []
     # what the killed process had spilled but not uploaded was moved to the keep directory, not deleted
-    kept = tmp_path / "unpublished" / "s3" / bucket / "killed" / "env-0.npz.spill"
-    if kept.exists():
-        push = _cli(env, tmp_path, "push", str(tmp_path / "unpublished" / "s3" / bucket / "killed"), url)
-        assert push.returncode == 0, push.stderr
+    kept_dir = tmp_path / "unpublished" / "s3" / bucket / "killed"
+    kept = sorted(os.listdir(kept_dir / "env-0.npz.spill")) if kept_dir.exists() else []
+    assert kept == not_uploaded
+    if kept:
+        push = _cli(env, tmp_path, "push", str(kept_dir), url)
+        assert push.returncode == 0 and push.stdout.splitlines()[-1].startswith("published %d file" % len(kept))
         with read(url) as ledger:
             assert ledger.partial and len(ledger.streams[0]) > in_storage
 
@@ -469,3 +474,22 @@ def test_an_earlier_runs_segments_are_not_read_as_this_run(s3, bucket, spills):
     with read(url) as ledger:
         assert not ledger.partial and len(ledger.streams[0]) == (121 if spills else 6)
     assert _names(s3, "%s/again" % bucket) == ["env-0.npz"]
+
+
+def test_a_flush_without_waiting_is_uploaded_in_the_background(s3, bucket):
+    url = "s3://%s/flushed" % bucket
+    env = LedgerEnv(gym.make("Pendulum-v1"), url, index=0)
+    env.reset(seed=0)
+    for _ in range(10):
+        env.step(np.zeros(1, np.float32))
+    rec = env._recording
+    assert rec.write(wait=False) == 11  # returns once the snapshot is staged
+    rec._remote.wait()
+    with read(url) as ledger:
+        assert not ledger.partial and len(ledger.streams[0]) == 11
+    assert [n for n in os.listdir(rec._remote.stage) if n.startswith("flush-")] == []  # the snapshot is gone
+    for _ in range(5):
+        env.step(np.zeros(1, np.float32))
+    env.close()
+    with read(url) as ledger:
+        assert len(ledger.streams[0]) == 16
