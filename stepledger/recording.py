@@ -155,7 +155,8 @@ class Recording:
         self._remote = None
         if self.remote:
             _check_remote(self.path)
-            self._remote = RemoteLedger(self.path)  # one-line errors now: no bucket, refused, unreachable
+            # one-line errors now (no bucket, refused, unreachable); closed at exit while uploads can run
+            self._remote = RemoteLedger(self.path, on_exit=self.close)
         self.side = side
         self.stream_ids = [int(i) for i in stream_ids]
         self.buffers = [core.StreamBuffer() for _ in self.stream_ids]

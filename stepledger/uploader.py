@@ -141,12 +141,42 @@ def _uploader():
 
 # ---------------------------------------------------------------- one ledger
 
-class RemoteLedger:
-    """The stage, the background uploads and the final publish of one ledger at a URL."""
+# ---------------------------------------------------------------- closing before the executors stop
 
-    def __init__(self, url):
+_AT_EXIT = {}  # id(RemoteLedger) -> (pid, callback): what must run while uploads can still run
+_HOOKED = []
+
+
+def _close_before_executors_stop():
+    for pid, callback in list(_AT_EXIT.values()):
+        if pid == os.getpid():
+            try:
+                callback()
+            except Exception as exc:  # at exit there is no caller to raise to
+                say("could not write a ledger at exit: %s" % exc)
+
+
+def _hook_exit():
+    """At interpreter exit, the atexit handlers run after concurrent.futures has stopped taking work, and the
+    backends (aiobotocore) need an executor to upload: close ledgers at a URL before that, from the hook
+    threading runs first. Registered once s3fs and friends are imported, so that it runs before theirs."""
+    if not _HOOKED and hasattr(threading, "_register_atexit"):
+        _HOOKED.append(True)
+        threading._register_atexit(_close_before_executors_stop)
+
+
+class RemoteLedger:
+    """The stage, the background uploads and the final publish of one ledger at a URL.
+
+    ``on_exit`` (the Recording's close) is called at interpreter exit if the ledger is still open then.
+    """
+
+    def __init__(self, url, on_exit=None):
         self.url = url
         storage.check_writable(url)
+        if on_exit is not None:
+            _AT_EXIT[id(self)] = (os.getpid(), on_exit)
+            _hook_exit()
         # Segments of an earlier run at this URL, looked for once now: if there are none, writing the
         # final file needs no listing to remove them (one request less at close()).
         self.earlier_segments = bool(storage.listdir(url + ".spill"))
@@ -171,6 +201,8 @@ class RemoteLedger:
         return os.path.join(self.stage, name)
 
     def remove_stage(self):
+        """Closed for good: remove the stage, and forget the exit callback."""
+        _AT_EXIT.pop(id(self), None)
         if self.stage is not None:
             shutil.rmtree(self.stage, ignore_errors=True)
             self.stage = None

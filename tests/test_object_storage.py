@@ -493,3 +493,25 @@ def test_a_flush_without_waiting_is_uploaded_in_the_background(s3, bucket):
     env.close()
     with read(url) as ledger:
         assert len(ledger.streams[0]) == 16
+
+
+def test_a_ledger_never_closed_is_published_at_exit(s3, bucket, tmp_path):
+    # At exit concurrent.futures stops taking work before atexit handlers run, and s3fs needs it to upload.
+    url = "s3://%s/atexit" % bucket
+    stage_tmp = tmp_path / "tmpdir"
+    stage_tmp.mkdir()
+    code = """
+import sys, gymnasium as gym, numpy as np
+from stepledger import LedgerEnv, core
+core.set_memory_limit(3000)
+env = LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=1000), sys.argv[1], index=0)
+env.reset(seed=0)
+for _ in range(500):
+    env.step(np.zeros(1, np.float32))
+"""  # no close()
+    proc = _run([sys.executable, "-c", code, url], _environ(s3, tmp_path, TMPDIR=str(stage_tmp)), tmp_path)
+    assert proc.returncode == 0 and "StorageWarning" not in proc.stderr, proc.stderr
+    with read(url) as ledger:
+        assert not ledger.partial and len(ledger.streams[0]) == 501
+    assert _names(s3, "%s/atexit" % bucket) == ["env-0.npz"]  # segments removed once the final file was there
+    assert os.listdir(stage_tmp) == [] and not os.path.exists(tmp_path / "unpublished")
