@@ -95,6 +95,12 @@ def _alive(pid, start):
         return False
     except PermissionError:
         return True  # someone else's live process
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False  # killed, not yet reaped by its parent
+    except (OSError, IndexError):
+        pass
     now = _start_time(pid)
     return start is None or now is None or now == start
 

@@ -274,7 +274,8 @@ env.close()
             assert ledger.partial and len(ledger.streams[0]) > in_storage
 
 
-def test_stage_of_a_live_process_is_left_alone(tmp_path):
+def test_stage_of_a_live_process_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
     live = tmp_path / ("stepledger-stage-%d-abc" % os.getpid())
     live.mkdir()
     (live / "owner.json").write_text(json.dumps({"pid": os.getpid(), "start": uploader._start_time(os.getpid()),
@@ -286,9 +287,19 @@ def test_stage_of_a_live_process_is_left_alone(tmp_path):
     (gone / "owner.json").write_text(json.dumps({"pid": dead.pid, "start": 1, "url": "s3://b/x/env-1.npz"}))
     (gone / "seg-000000.npz").write_bytes(b"x")
     (gone / "seg-000000.npz.uploaded").write_bytes(b"")
-    assert [i["path"] for i in uploader.leftover_stages(str(tmp_path))] == [str(gone)]
-    uploader.clear_dead_stages(str(tmp_path))
-    assert live.exists() and not gone.exists()
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = uploader._start_time(zombie.pid)
+        zombie.kill()  # killed and not yet reaped: its stage is a dead process's too
+        time.sleep(0.5)
+        killed = tmp_path / ("stepledger-stage-%d-ghi" % zombie.pid)
+        killed.mkdir()
+        (killed / "owner.json").write_text(json.dumps({"pid": zombie.pid, "start": start, "url": "s3://b/x/env-2.npz"}))
+        assert sorted(i["path"] for i in uploader.leftover_stages(str(tmp_path))) == [str(gone), str(killed)]
+        uploader.clear_dead_stages(str(tmp_path))
+    finally:
+        zombie.wait()
+    assert live.exists() and not gone.exists() and not killed.exists()
 
 
 # ---------------------------------------------------------------- storage going away
