@@ -418,11 +418,13 @@ cdef class _Digester:
     cdef int fast_ndim
     cdef cnp.npy_intp fast_shape[32]
     cdef bint discrete
+    cdef bint variable
 
     def __init__(self, layout):
         self.layout = layout
         self.fast_type = -1
         self.discrete = bool(layout.discrete)
+        self.variable = bool(layout.variable)
         if layout.fast_leaf is not None:
             dtype, shape = layout.fast_leaf
             if dtype.isnative and len(shape) <= 32:
@@ -862,6 +864,12 @@ cdef class VectorRecorder:
         cdef Py_ssize_t i
         if self._batch_fits(d, batch):
             _digest_rows([batch], o, self.n)  # no cast needed: skips the Python layout code
+            return 0
+        if d.variable:  # values of varying size: each env's value cast and digested on its own
+            i = 0
+            for leaves in d.layout.cast_each(batch, self.n):
+                o[i] = C_INVALID if leaves is None else _digest_leaves(leaves)
+                i += 1
             return 0
         try:
             leaves = d.layout.cast_rows(batch, self.n)

@@ -436,6 +436,10 @@ class VectorRecorder:
         return _digest_value(self.obs_layout, value)
 
     def _rows(self, layout, batch, out):
+        if layout.variable:  # values of varying size: each env's value cast and digested on its own
+            for i, leaves in enumerate(layout.cast_each(batch, self.n)):
+                out[i] = digest_leaves(leaves)
+            return
         try:
             leaves = layout.cast_rows(batch, self.n)
         except Exception:

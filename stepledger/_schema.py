@@ -214,13 +214,54 @@ def space_leaves(desc, key="space", depth=0, out=None):
     In the order recorders flatten values: Dict keys sorted, Tuple elements in
     order. Raises MetaProblem naming the key path of the first thing wrong.
     """
+    if depth == 0:
+        # A space holding a variable one (Text, Sequence, Graph, OneOf) has no fixed leaves.
+        found = _space_leaves(desc, key, 0, [])
+        return [] if None in found else found
+    return _space_leaves(desc, key, depth, [] if out is None else out)
+
+
+_VARIABLE_SPACES = ("Text", "Sequence", "Graph", "OneOf")
+
+
+def _space_leaves(desc, key, depth, out):
     import numpy as np
-    out = [] if out is None else out
     if depth > MAX_SPACE_DEPTH:
         raise MetaProblem(key, "spaces nested deeper than %d" % MAX_SPACE_DEPTH)
     if not isinstance(desc, dict):
         raise MetaProblem(key, "is %s, expected a space description (an object)" % _short_json(desc))
     kind = desc.get("type")
+    if kind in _VARIABLE_SPACES:
+        out.append(None)  # values of varying size: no fixed leaf
+        if kind == "Text":
+            for name in ("min_length", "max_length"):
+                if not _is_int(desc.get(name)) or desc[name] < 0:
+                    raise MetaProblem("%s.%s" % (key, name), "is %s, expected a non-negative integer"
+                                      % _short_json(desc.get(name)))
+            if not isinstance(desc.get("charset"), str):
+                raise MetaProblem(key + ".charset", "is %s, expected a string" % _short_json(desc.get("charset")))
+        elif kind == "Sequence":
+            if not isinstance(desc.get("stack"), bool):
+                raise MetaProblem(key + ".stack", "is %s, expected true or false" % _short_json(desc.get("stack")))
+            _space_leaves(desc.get("space"), key + ".space", depth + 1, out)
+        elif kind == "Graph":
+            for name in ("node_space", "edge_space"):
+                sub = desc.get(name)
+                if sub is None and name == "edge_space" and name in desc:
+                    continue
+                if not isinstance(sub, dict) or sub.get("type") not in ("Box", "Discrete"):
+                    raise MetaProblem("%s.%s" % (key, name), "is %s, expected a Box or Discrete description%s"
+                                      % (_short_json(sub), " or null" if name == "edge_space" else ""))
+                _space_leaves(sub, "%s.%s" % (key, name), depth + 1, out)
+        else:  # OneOf
+            subs = desc.get("spaces")
+            if not isinstance(subs, list) or not subs:
+                raise MetaProblem(key + ".spaces", "is %s, expected a non-empty list" % _short_json(subs))
+            for i, sub in enumerate(subs):
+                _space_leaves(sub, "%s.spaces[%d]" % (key, i), depth + 1, out)
+        if len(out) > MAX_LEAVES:
+            raise MetaProblem(key, "more than %d leaves" % MAX_LEAVES)
+        return out
     if kind == "Dict" or kind == "Tuple":
         subs = desc.get("spaces")
         if kind == "Dict" and not isinstance(subs, dict) or kind == "Tuple" and not isinstance(subs, list):
@@ -228,13 +269,13 @@ def space_leaves(desc, key="space", depth=0, out=None):
                 _short_json(subs), "an object" if kind == "Dict" else "a list"))
         items = sorted(subs.items()) if kind == "Dict" else enumerate(subs)
         for k, sub in items:
-            space_leaves(sub, "%s.spaces[%s]" % (key, _short_json(k)), depth + 1, out)
+            _space_leaves(sub, "%s.spaces[%s]" % (key, _short_json(k)), depth + 1, out)
             if len(out) > MAX_LEAVES:
                 raise MetaProblem(key, "more than %d leaves" % MAX_LEAVES)
         return out
     if kind not in _LEAF_SPACES:
         raise MetaProblem(key + ".type", "is %s, expected one of Box, Discrete, MultiDiscrete, MultiBinary, Dict, "
-                                         "Tuple" % _short_json(kind))
+                                         "Tuple, Text, Sequence, Graph, OneOf" % _short_json(kind))
 
     def field(name, check, wanted, required=True):
         if name not in desc:

@@ -16,7 +16,7 @@ from . import wording
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
 from .read import read
-from .spaces import digest_signature, leaf_names
+from .spaces import GraphValue, digest_signature, is_variable_description, leaf_names, unflatten
 
 _HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
 
@@ -255,7 +255,31 @@ def _leaf_text(arr, declared):
     return text
 
 
-def _values_text(leaves, names, shapes=None):
+def _value_text(value):
+    """A value rebuilt by spaces.unflatten, as a report prints it."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join("%r: %s" % (k, _value_text(v)) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, GraphValue):
+        edges = "none" if value.edges is None else "%s, edge_links=%s" % (_array_text(value.edges),
+                                                                          _array_text(value.edge_links))
+        return "Graph(nodes=%s, edges=%s)" % (_array_text(value.nodes), edges)
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "stacked":
+        return "%d stacked: %s" % (value[1], _value_text(value[2]))
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_value_text(v) for v in value) + ")"
+    return _array_text(value)
+
+
+def _values_text(leaves, names, shapes=None, space=None):
+    if space is not None and is_variable_description(space):
+        try:
+            return _value_text(unflatten(space, leaves))
+        except (ValueError, TypeError):
+            return "[%s] (leaves that do not fit the space)" % ", ".join(_array_text(v) for v in leaves)
     shapes = list(shapes) if shapes is not None and len(shapes) == len(leaves) else [None] * len(leaves)
     if len(leaves) == 1 and names == [""]:
         return _leaf_text(leaves[0], shapes[0])
@@ -375,11 +399,11 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
             va, vb = env_stream.value_rows(which, index), tr_stream.value_rows(which, index)
             ta, tb = _digest_text(row_a[col]), _digest_text(row_b[col])
             if va is not None and vb is not None or ta or tb:
-                env_values[f] = ta or (_values_text(va, names, shapes) if va is not None else None)
-                tr_values[f] = tb or (_values_text(vb, names, shapes) if vb is not None else None)
+                env_values[f] = ta or (_values_text(va, names, shapes, space) if va is not None else None)
+                tr_values[f] = tb or (_values_text(vb, names, shapes, space) if vb is not None else None)
                 if env_values[f] is None or tr_values[f] is None:
                     env_values.pop(f), tr_values.pop(f)
-                elif not (ta or tb):
+                elif not (ta or tb) and not is_variable_description(space):
                     where = _first_element(va, vb, names)
                     if where:
                         detail[f] = where

@@ -92,7 +92,7 @@ class LedgerVecEnv(VecEnvWrapper):
         if self._keep:
             rows = self._rows(self._rec.obs_layout, obs)
             for i, store in enumerate(self._recording.values):
-                over |= store.append(None if rows is None else [r[i] for r in rows], None)
+                over |= store.append(rows[i], None)
         self._after(over)
         if self._live is not None:
             # each env's first event is this reset: its settings come with it
@@ -145,17 +145,15 @@ class LedgerVecEnv(VecEnvWrapper):
                           % (i, i), stacklevel=3)
 
     def _rows(self, layout, batch):
-        try:
-            return layout.cast_rows(batch, self.num_envs)
-        except Exception:
-            return None
+        """Each env's cast observation leaves (None where they cannot be cast)."""
+        return layout.cast_each(batch, self.num_envs)
 
     def _keep_step(self, obs, ended, infos):
         orows = self._rows(self._rec.obs_layout, obs)
         arows = self._actions
         over = False
         for i, store in enumerate(self._recording.values):
-            o = None if orows is None else [r[i] for r in orows]
+            o = orows[i]
             a = None if arows is None else arows[i]
             if i in ended:
                 final = infos[i].get(_TERMINAL_OBS)

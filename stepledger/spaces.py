@@ -5,6 +5,14 @@ leaf of the space's dtype, Discrete one int64 leaf of shape (), Dict one leaf
 per key in sorted key order and Tuple one per element, nested to any depth.
 A value is cast leaf by leaf to the leaf's dtype (little-endian) but keeps its
 own shape, so a value of the wrong shape digests differently from a right one.
+
+Spaces whose values vary in size flatten into as many leaves as the value
+needs (docs/FORMAT.md, section 1): Text into its UTF-8 bytes; Sequence into
+its length, then its elements (or, stacked, the stacked leaves); Graph into
+its nodes, whether it has edges, then its edges and links; OneOf into the
+index of its sub-space, then the value. A space that holds any of these is
+*variable*: it has no fixed leaves, and a vector env's batch of it is split
+into each env's value before casting.
 """
 
 import numpy as np
@@ -34,51 +42,170 @@ class Leaf:
         return "".join("[%r]" % (p,) for p in self.path)
 
 
-def _leaves(space, path, out, what):
-    if isinstance(space, gs.Discrete):
-        out.append(Leaf(path, np.int64, ()))
-    elif isinstance(space, (gs.Box, gs.MultiDiscrete, gs.MultiBinary)):
-        out.append(Leaf(path, space.dtype, space.shape))
-    elif isinstance(space, gs.Dict):
-        for key in sorted(space.spaces):
-            _leaves(space.spaces[key], path + (key,), out, what)
-    elif isinstance(space, gs.Tuple):
-        for i, sub in enumerate(space.spaces):
-            _leaves(sub, path + (i,), out, what)
-    else:
-        where = "".join("[%r]" % (p,) for p in path)
-        raise UnsupportedSpaceError(
-            "%s%s is a %s; stepledger digests Box, Discrete, MultiDiscrete, MultiBinary, "
-            "Dict and Tuple spaces" % (what, where, type(space).__name__))
+_INT64 = canonical_dtype(np.int64)
+_UINT8 = np.dtype(np.uint8)
+_BOOL = np.dtype(np.bool_)
+# Gymnasium's own space classes, exactly: a subclass may change what its values are.
+_FIXED = (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)
+_VARIABLE = (gs.Text, gs.Sequence, gs.Graph, gs.OneOf)
+_SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple, Text, Sequence, Graph and OneOf"
 
 
-def _structure(space):
-    """A nested description used to walk values: 'leaf', ('dict', keys, subs) or ('tuple', subs)."""
-    if isinstance(space, gs.Dict):
-        keys = sorted(space.spaces)
-        return ("dict", keys, [_structure(space.spaces[k]) for k in keys])
-    if isinstance(space, gs.Tuple):
-        return ("tuple", None, [_structure(s) for s in space.spaces])
-    return "leaf"
-
-
-def _flatten(structure, value, dtypes, out):
-    if structure == "leaf":
-        # np.asarray, not np.ascontiguousarray: that one turns a scalar into shape (1,).
-        arr = np.asarray(value, dtype=dtypes[len(out)])
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)  # ndim >= 1 here: 0-d arrays are contiguous
-        out.append(arr)
+def _check_type(space, path, what):
+    cls = type(space)
+    if cls in _FIXED + _VARIABLE + (gs.Dict, gs.Tuple):
         return
-    kind, keys, subs = structure
-    if kind == "dict":
-        for key, sub in zip(keys, subs):
-            _flatten(sub, value[key], dtypes, out)
+    where = "".join("[%r]" % (p,) for p in path)
+    base = next((b.__name__ for b in cls.__mro__[1:] if b in _FIXED + _VARIABLE + (gs.Dict, gs.Tuple)), None)
+    kind = ("a subclass of Gymnasium's %s" % base) if base else "not one of Gymnasium's spaces"
+    raise UnsupportedSpaceError(
+        "%s%s is a %s, %s; stepledger digests Gymnasium's own %s spaces (a subclass may change what its "
+        "values are): declare the env's space as one of them" % (what, where, cls.__name__, kind, _SUPPORTED))
+
+
+def _leaf_dtype(space):
+    return _INT64 if type(space) is gs.Discrete else canonical_dtype(space.dtype)
+
+
+def _structure(space, path=(), what="space"):
+    """A nested description used to walk values, checking every space on the way.
+
+    ("leaf", dtype), ("dict", keys, subs), ("tuple", None, subs), ("text",),
+    ("sequence", sub, stacked) with stacked true when its values are the stacked
+    leaves of a fixed feature space, ("graph", node dtype, edge dtype or None),
+    ("oneof", subs).
+    """
+    _check_type(space, path, what)
+    cls = type(space)
+    if cls in _FIXED:
+        return ("leaf", _leaf_dtype(space))
+    if cls is gs.Dict:
+        keys = sorted(space.spaces)
+        return ("dict", keys, [_structure(space.spaces[k], path + (k,), what) for k in keys])
+    if cls is gs.Tuple:
+        return ("tuple", None, [_structure(s, path + (i,), what) for i, s in enumerate(space.spaces)])
+    if cls is gs.Text:
+        return ("text",)
+    if cls is gs.Sequence:
+        sub = _structure(space.feature_space, path + ("feature_space",), what)
+        return ("sequence", sub, bool(space.stack) and not _is_variable(sub))
+    if cls is gs.Graph:
+        for name in ("node_space", "edge_space"):
+            sub = getattr(space, name)
+            if sub is not None and type(sub) not in (gs.Box, gs.Discrete):
+                raise UnsupportedSpaceError("%s%s.%s is a %s; a Graph's node and edge spaces are Box or Discrete"
+                                            % (what, "".join("[%r]" % (p,) for p in path), name, type(sub).__name__))
+        edge = None if space.edge_space is None else _leaf_dtype(space.edge_space)
+        return ("graph", _leaf_dtype(space.node_space), edge)
+    return ("oneof", None, [_structure(s, path + (i,), what) for i, s in enumerate(space.spaces)])
+
+
+def _is_variable(structure):
+    kind = structure[0]
+    if kind == "leaf":
+        return False
+    if kind in ("dict", "tuple"):
+        return any(_is_variable(sub) for sub in structure[2])
+    return True
+
+
+def _fixed_leaves(space, path, out):
+    cls = type(space)
+    if cls in _FIXED:
+        out.append(Leaf(path, _leaf_dtype(space), () if cls is gs.Discrete else space.shape))
+    elif cls is gs.Dict:
+        for key in sorted(space.spaces):
+            _fixed_leaves(space.spaces[key], path + (key,), out)
     else:
+        for i, sub in enumerate(space.spaces):
+            _fixed_leaves(sub, path + (i,), out)
+
+
+def _cast_leaf(value, dtype, out):
+    # np.asarray, not np.ascontiguousarray: that one turns a scalar into shape (1,).
+    arr = np.asarray(value, dtype=dtype)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)  # ndim >= 1 here: 0-d arrays are contiguous
+    out.append(arr)
+
+
+def _index(value, n):
+    """An int in [0, n) given as a Python or NumPy integer (not a bool), else ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+        raise ValueError("not an index below %d: %r" % (n, value))
+    return int(value)
+
+
+def _flatten(structure, value, out):
+    kind = structure[0]
+    if kind == "leaf":
+        _cast_leaf(value, structure[1], out)
+    elif kind == "dict":
+        for key, sub in zip(structure[1], structure[2]):
+            _flatten(sub, value[key], out)
+    elif kind == "tuple":
+        subs = structure[2]
         if len(value) != len(subs):
             raise ValueError("tuple of the wrong length")
         for item, sub in zip(value, subs):
-            _flatten(sub, item, dtypes, out)
+            _flatten(sub, item, out)
+    elif kind == "text":
+        if not isinstance(value, str):
+            raise ValueError("a Text value is a str")
+        out.append(np.frombuffer(value.encode("utf-8"), dtype=_UINT8))
+    elif kind == "sequence":
+        sub, stacked = structure[1], structure[2]
+        if stacked:
+            start = len(out)
+            out.append(None)  # the length, once the stacked leaves tell it
+            _flatten(sub, value, out)
+            lengths = {a.shape[0] if a.ndim else -1 for a in out[start + 1:]}
+            if len(lengths) != 1 or -1 in lengths:
+                raise ValueError("stacked leaves of different lengths")
+            out[start] = np.asarray(lengths.pop(), dtype=_INT64)
+        else:
+            if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
+                raise ValueError("a Sequence value is a tuple of elements")
+            out.append(np.asarray(len(value), dtype=_INT64))
+            for item in value:
+                _flatten(sub, item, out)
+    elif kind == "graph":
+        nodes, edges, links = value.nodes, value.edges, value.edge_links
+        if nodes is None:
+            raise ValueError("a Graph value has nodes")
+        _cast_leaf(nodes, structure[1], out)
+        present = edges is not None and links is not None
+        if (edges is None) != (links is None) or present and structure[2] is None:
+            raise ValueError("edges and edge_links come together, and only with an edge space")
+        out.append(np.asarray(present, dtype=_BOOL))
+        if present:
+            _cast_leaf(edges, structure[2], out)
+            _cast_leaf(links, _INT64, out)
+    else:  # oneof
+        subs = structure[2]
+        if isinstance(value, (str, bytes, dict)) or len(value) != 2:
+            raise ValueError("a OneOf value is (index, value)")
+        i = _index(value[0], len(subs))
+        out.append(np.asarray(i, dtype=_INT64))
+        _flatten(subs[i], value[1], out)
+
+
+def _split(structure, batch, n):
+    """Each env's value in a vector env's batch (Gymnasium's layout: arrays for fixed
+    leaves, a tuple of values for a variable space), as ``iterate`` gives them."""
+    kind = structure[0]
+    if kind == "dict":
+        per_key = [_split(sub, batch[key], n) for key, sub in zip(structure[1], structure[2])]
+        return [dict(zip(structure[1], row)) for row in zip(*per_key)] if per_key else [{} for _ in range(n)]
+    if kind == "tuple":
+        subs = structure[2]
+        if len(batch) != len(subs):
+            raise ValueError("tuple batch of the wrong length")
+        per_item = [_split(sub, b, n) for sub, b in zip(subs, batch)]
+        return [tuple(row) for row in zip(*per_item)] if per_item else [() for _ in range(n)]
+    if len(batch) != n:
+        raise ValueError("batch has %d values, expected %d" % (len(batch), n))
+    return [batch[i] for i in range(n)]
 
 
 class LeafLayout:
@@ -87,29 +214,57 @@ class LeafLayout:
     ``cast(value)`` gives the leaves of one value; ``cast_batch(batch)`` the
     leaves of a vector env's batch, each with a leading env dimension. Both
     raise on a value that cannot be cast; the recorders digest that as invalid.
+    A variable space (one that holds Text, Sequence, Graph or OneOf) has no
+    fixed ``leaves``; its batches are cast env by env (``cast_each``).
     """
 
     def __init__(self, space, what="space"):
         self.space = space
+        self.structure = _structure(space, (), what)
+        self.variable = _is_variable(self.structure)
         self.leaves = []
-        _leaves(space, (), self.leaves, what)
-        self.structure = _structure(space)
+        if not self.variable:
+            _fixed_leaves(space, (), self.leaves)
         self.dtypes = [leaf.dtype for leaf in self.leaves]
         self.description = describe_space(space)
         # The compiled core digests a lone leaf without going through cast():
         # fast_leaf is (dtype, shape) when the space is one Box-like leaf.
-        single = self.structure == "leaf"
+        single = self.structure[0] == "leaf"
         self.fast_leaf = (self.dtypes[0], self.leaves[0].shape) if single else None
-        self.discrete = isinstance(space, gs.Discrete)
+        self.discrete = type(space) is gs.Discrete
 
     def cast(self, value):
         out = []
-        _flatten(self.structure, value, self.dtypes, out)
+        _flatten(self.structure, value, out)
         return out
 
     def cast_batch(self, batch):
+        if self.variable:
+            raise ValueError("a batch of a variable space is cast env by env")
         out = []
-        _flatten(self.structure, batch, self.dtypes, out)
+        _flatten(self.structure, batch, out)
+        return out
+
+    def cast_each(self, batch, n):
+        """The cast leaves of each env's value in a vector env's batch; None for an env whose
+        value cannot be cast. For a variable space (a loop over envs: its values are Python
+        objects, one per env); for a fixed one, the rows of cast_rows."""
+        if not self.variable:
+            try:
+                rows = self.cast_rows(batch, n)
+            except Exception:
+                return [None] * n
+            return [[r[i] for r in rows] for i in range(n)]
+        try:
+            values = _split(self.structure, batch, n)
+        except Exception:  # not a batch of n values: every env's is invalid
+            return [None] * n
+        out = []
+        for value in values:
+            try:
+                out.append(self.cast(value))
+            except Exception:
+                out.append(None)
         return out
 
     def cast_per_env(self, batch, n):
@@ -148,6 +303,7 @@ def _scalar(x):
 
 def describe_space(space):
     """A JSON-ready description of a space, compared between the two sides."""
+    _check_type(space, (), "space")
     if isinstance(space, gs.Box):
         return {"type": "Box", "shape": list(space.shape), "dtype": np.dtype(space.dtype).name,
                 "low": _bound(space.low), "high": _bound(space.high)}
@@ -162,12 +318,23 @@ def describe_space(space):
         return {"type": "Dict", "spaces": {k: describe_space(space.spaces[k]) for k in sorted(space.spaces)}}
     if isinstance(space, gs.Tuple):
         return {"type": "Tuple", "spaces": [describe_space(s) for s in space.spaces]}
+    if isinstance(space, gs.Text):
+        return {"type": "Text", "min_length": int(space.min_length), "max_length": int(space.max_length),
+                "charset": "".join(sorted(space.character_set))}
+    if isinstance(space, gs.Sequence):
+        return {"type": "Sequence", "space": describe_space(space.feature_space), "stack": bool(space.stack)}
+    if isinstance(space, gs.Graph):
+        return {"type": "Graph", "node_space": describe_space(space.node_space),
+                "edge_space": None if space.edge_space is None else describe_space(space.edge_space)}
+    if isinstance(space, gs.OneOf):
+        return {"type": "OneOf", "spaces": [describe_space(s) for s in space.spaces]}
     raise UnsupportedSpaceError("cannot describe a %s space" % type(space).__name__)
 
 
 # What a space description holds beyond what its values are digested over: bounds and ranges.
 # Values of spaces that differ only in these digest alike (Gymnasium's observation_mode="different").
-_NOT_DIGESTED = {"Box": ("low", "high"), "Discrete": ("n", "start"), "MultiDiscrete": ("nvec", "start")}
+_NOT_DIGESTED = {"Box": ("low", "high"), "Discrete": ("n", "start"), "MultiDiscrete": ("nvec", "start"),
+                 "Text": ("min_length", "max_length", "charset")}
 
 
 def digest_signature(description):
@@ -195,6 +362,68 @@ def digest_signature(description):
     if t == "MultiDiscrete" and "nvec" in description:
         out["shape"] = list(np.shape(description["nvec"]))
     return out
+
+
+class GraphValue:
+    """A Graph value rebuilt from its leaves, for reports."""
+
+    def __init__(self, nodes, edges, edge_links):
+        self.nodes, self.edges, self.edge_links = nodes, edges, edge_links
+
+
+def is_variable_description(description):
+    """True when a described space holds Text, Sequence, Graph or OneOf (no fixed leaves)."""
+    t = description.get("type") if isinstance(description, dict) else None
+    if t in ("Text", "Sequence", "Graph", "OneOf"):
+        return True
+    if t == "Dict":
+        return any(is_variable_description(d) for d in description["spaces"].values())
+    if t == "Tuple":
+        return any(is_variable_description(d) for d in description["spaces"])
+    return False
+
+
+def unflatten(description, leaves):
+    """A value rebuilt from its leaves (the inverse of flattening, for reports): arrays, and
+    str, tuple, dict, GraphValue and (index, value) where the space has them. ValueError if
+    the leaves do not fit the description."""
+    it = iter(leaves)
+
+    def take():
+        try:
+            return np.asarray(next(it))
+        except StopIteration:
+            raise ValueError("too few leaves for the space") from None
+
+    def build(d):
+        t = d["type"]
+        if t == "Dict":
+            return {k: build(d["spaces"][k]) for k in sorted(d["spaces"])}
+        if t == "Tuple":
+            return tuple(build(sub) for sub in d["spaces"])
+        if t == "Text":
+            return take().tobytes().decode("utf-8", errors="replace")
+        if t == "Sequence":
+            k = int(take())
+            if d["stack"] and not is_variable_description(d["space"]):
+                return ("stacked", k, build(d["space"]))
+            return [build(d["space"]) for _ in range(k)]
+        if t == "Graph":
+            nodes = take()
+            if bool(take()):
+                return GraphValue(nodes, take(), take())
+            return GraphValue(nodes, None, None)
+        if t == "OneOf":
+            i = int(take())
+            if not 0 <= i < len(d["spaces"]):
+                raise ValueError("OneOf index out of range")
+            return (i, build(d["spaces"][i]))
+        return take()
+
+    value = build(description)
+    if next(it, None) is not None:
+        raise ValueError("more leaves than the space has")
+    return value
 
 
 def leaf_names(description, path=""):

@@ -246,8 +246,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         rec.actions(actions)
         if self._keep:
             self._was_pending = rec.pending.copy()
-            rows = self._rows(rec.act_layout, actions)
-            self._kept_actions = None if rows is None else [np.array(r, copy=True) for r in rows]
+            self._kept_actions = [None if leaves is None else [np.array(a, copy=True) for a in leaves]
+                                  for leaves in rec.act_layout.cast_each(actions, self.num_envs)]
 
     def _record_step(self, obs, rewards, terminated, truncated, info):
         rec = self._rec
@@ -304,10 +304,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     # Kept values: a Python loop over envs, paid only with keep_values=True.
     def _rows(self, layout, batch):
-        try:
-            return layout.cast_rows(batch, self.num_envs)
-        except Exception:
-            return None
+        """Each env's cast leaves (None where they cannot be cast)."""
+        return layout.cast_each(batch, self.num_envs)
 
     def _cast(self, layout, value):
         try:
@@ -320,7 +318,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         over = False
         for i, store in enumerate(self._recording.values):
             if mask is None or mask[i]:
-                over |= store.append(None if rows is None else [r[i] for r in rows], None)
+                over |= store.append(rows[i], None)
         return over
 
     def _keep_next(self, obs):
@@ -328,8 +326,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         arows, was_pending = self._kept_actions, self._was_pending
         over = False
         for i, store in enumerate(self._recording.values):
-            o = None if orows is None else [r[i] for r in orows]
-            a = None if arows is None or was_pending[i] else [r[i] for r in arows]
+            o = orows[i]
+            a = None if arows is None or was_pending[i] else arows[i]
             over |= store.append(o, a)
         return over
 
@@ -338,8 +336,8 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         arows = self._kept_actions
         over = False
         for i, store in enumerate(self._recording.values):
-            o = None if orows is None else [r[i] for r in orows]
-            a = None if arows is None else [r[i] for r in arows]
+            o = orows[i]
+            a = None if arows is None else arows[i]
             if i in ended:
                 final = final_obs_at(info, i)
                 f = None if final is _ABSENT else self._cast(self._rec.obs_layout, final)

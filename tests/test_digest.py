@@ -82,6 +82,25 @@ VECTORS = [
      enc_leaf(b"i8", [], struct.pack("<q", 1)) + enc_leaf(b"i1", [3], bytes([1, 0, 1]))
      + enc_leaf(b"f8", [], struct.pack("<d", -0.5))),
 ]
+# Spaces whose values vary in size (FORMAT.md, section 1).
+_I8 = lambda x: enc_leaf(b"i8", [], struct.pack("<q", x))  # noqa: E731
+VECTORS += [
+    ("text", gs.Text(8), "hé", enc_leaf(b"u1", [3], "hé".encode("utf-8"))),
+    ("sequence", gs.Sequence(gs.Box(-5, 5, shape=(2,), dtype=np.float32)),
+     (np.array([1, 2], np.float32), np.array([3, 4], np.float32)),
+     _I8(2) + enc_leaf(b"f4", [2], struct.pack("<2f", 1, 2)) + enc_leaf(b"f4", [2], struct.pack("<2f", 3, 4))),
+    ("sequence_stacked", gs.Sequence(gs.Box(-5, 5, shape=(2,), dtype=np.float32), stack=True),
+     np.array([[1, 2], [3, 4]], np.float32),
+     _I8(2) + enc_leaf(b"f4", [2, 2], struct.pack("<4f", 1, 2, 3, 4))),
+    ("graph", gs.Graph(gs.Box(-5, 5, shape=(1,), dtype=np.float32), gs.Discrete(3)),
+     gs.GraphInstance(np.array([[0.5], [1.5]], np.float32), np.array([2]), np.array([[0, 1]])),
+     enc_leaf(b"f4", [2, 1], struct.pack("<2f", 0.5, 1.5)) + enc_leaf(b"b1", [], b"\x01")
+     + enc_leaf(b"i8", [1], struct.pack("<q", 2)) + enc_leaf(b"i8", [1, 2], struct.pack("<2q", 0, 1))),
+    ("graph_no_edges", gs.Graph(gs.Box(-5, 5, shape=(1,), dtype=np.float32), gs.Discrete(3)),
+     gs.GraphInstance(np.array([[0.5], [1.5]], np.float32), None, None),
+     enc_leaf(b"f4", [2, 1], struct.pack("<2f", 0.5, 1.5)) + enc_leaf(b"b1", [], b"\x00")),
+    ("oneof", gs.OneOf((gs.Discrete(3), gs.Text(4))), (1, "ok"), _I8(1) + enc_leaf(b"u1", [2], b"ok")),
+]
 # The same digests, as written in docs/FORMAT.md: 8 digest bytes (hashlib's hexdigest).
 EXPECTED_HEX = {
     "box_f32": "b1f2b2298a47f448",
@@ -89,6 +108,12 @@ EXPECTED_HEX = {
     "uint8_zeros": "6c1f26cdbefb27cc",
     "dict": "267ace36d62914f0",
     "tuple": "07facb84f909cfcc",
+    "text": "8ae6fafaf65533d4",
+    "sequence": "365a4aa0f6b34273",
+    "sequence_stacked": "a00829be3832a6ba",
+    "graph": "e95cc999de604318",
+    "graph_no_edges": "51f736bc26568111",
+    "oneof": "165bb2e72855872b",
     "missing": "0b712453d2d994a7",
     "invalid": "e867f17f103c5c9b",
 }

@@ -247,12 +247,30 @@ def test_bad_arguments(tmp_path, kwargs, exc):
     assert not os.listdir(str(tmp_path))
 
 
+class CustomSpace(gs.Space):
+    """A Space of the user's own: stepledger cannot know how its values flatten."""
+
+    def __init__(self):
+        super().__init__((), np.float32)
+
+    def sample(self, mask=None, probability=None):
+        return np.float32(0)
+
+    def contains(self, x):
+        return True
+
+
+class ClippedBox(gs.Box):
+    """A Box subclass: it may change what its values are."""
+
+
 @pytest.mark.parametrize("obs_space,act_space,where", [
-    (gs.Text(5), gs.Discrete(2), "observation_space"),
-    (BOX3, gs.Text(5), "action_space"),
-    (gs.Dict({"a": BOX3, "t": gs.Text(3)}), gs.Discrete(2), "['t']"),
-    (gs.Tuple((BOX3, gs.Graph(gs.Box(0, 1, (2,)), None))), gs.Discrete(2), "[1]"),
-    (gs.Sequence(BOX3), gs.Discrete(2), "Sequence"),
+    (CustomSpace(), gs.Discrete(2), "observation_space is a CustomSpace, not one of Gymnasium's spaces"),
+    (BOX3, ClippedBox(-1, 1, (2,)), "action_space is a ClippedBox, a subclass of Gymnasium's Box"),
+    (gs.Dict({"a": BOX3, "t": CustomSpace()}), gs.Discrete(2), "['t'] is a CustomSpace"),
+    (gs.Tuple((BOX3, gs.Sequence(ClippedBox(0, 1, (2,))))), gs.Discrete(2), "[1]['feature_space'] is a ClippedBox"),
+    (gs.OneOf((BOX3, CustomSpace())), gs.Discrete(2), "[1] is a CustomSpace"),
+    (gs.Graph(gs.MultiBinary(2), None), gs.Discrete(2), ".node_space is a MultiBinary"),
 ])
 def test_unsupported_space(tmp_path, obs_space, act_space, where):
     inner = E.ScriptedEnv(obs_space, act_space, None, [(None, 0.0, False, False)])

@@ -425,10 +425,10 @@ def run_sb3(directory, kind="dummy", n=3, steps=24, obs="box32", act="box", leng
         venv = inner(venv)
     path = os.path.join(directory, "trainer.npz")
     envs = LedgerVecEnv(venv, path, keep_values=keep_values, reward_dtype=reward_dtype, live=live)
-    space = make_action_space(act)
+    space = env_kwargs.get("act_space") or make_action_space(act)
     space.seed(seed)
     if action_batch is None:
-        action_batch = "list" if isinstance(space, (gs.Dict, gs.Tuple)) else "stack"
+        action_batch = "stack" if isinstance(space, (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)) else "list"
     actions = [sb3_action_batch([space.sample() for _ in range(n)], action_batch) for _ in range(steps)]
     resets = resets or {}
     try:
