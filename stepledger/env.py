@@ -1,5 +1,7 @@
 """The env side: ``LedgerEnv``, outermost in the environment's own process."""
 
+import os
+import time
 import warnings
 
 import gymnasium as gym
@@ -7,6 +9,7 @@ import numpy as np
 
 from . import core
 from . import storage
+from . import wording
 from ._schema import SETTINGS_KEY, TOKEN_KEY
 from .recording import Recording, check_path, check_reward_dtype, spill_everything
 from .live import settings_message
@@ -78,6 +81,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
                                         dtype, keep_values)
             buffer = self._recording.buffers[0]
         self._buffer = buffer
+        self._started_ns, self._written = time.time_ns(), None  # to notice another writer of the same file
         keep = self._recording.values[0].append if keep_values else None
         self._rec = core.EventRecorder(buffer, obs_layout, act_layout, dtype == np.float32, keep)
         # sent once, with the first event's token, so that the trainer side can refuse other settings at once
@@ -144,15 +148,37 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def flush(self):
         """Write the ledger file now; recording goes on."""
         if self._recording is not None:
+            self._warn_if_overwriting()
             self._recording.write()
+            self._note_written()
 
     def close(self):
         """Write the ledger file, then close the inner env."""
         try:
             if self._recording is not None:
+                self._warn_if_overwriting()
                 self._recording.close()
+                self._note_written()
         finally:
             super().close()
+
+    # Two LedgerEnvs given the same index write one file, the last one's: say so when it happens.
+    def _file_stat(self):
+        if storage.is_remote(self.ledger_path):
+            return None
+        try:
+            st = os.stat(self.ledger_path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _warn_if_overwriting(self):
+        stat = self._file_stat()
+        if stat is not None and stat[1] >= self._started_ns and stat != self._written:
+            warnings.warn(wording.overwritten_ledger(self.ledger_path, self.index), RuntimeWarning, stacklevel=3)
+
+    def _note_written(self):
+        self._written = self._file_stat()
 
 
 def _flag(value):

@@ -74,6 +74,12 @@ def wrong_live_index(env, index):
             % (env, index, INDEX_QUESTION))
 
 
+def overwritten_ledger(path, index):
+    """A LedgerEnv about to replace a ledger file another LedgerEnv wrote during this one's run."""
+    return ("LedgerEnv(index=%d): %s was written by another LedgerEnv since this one started, and this write "
+            "replaces it: two envs were given index=%d? %s" % (index, path, index, INDEX_QUESTION))
+
+
 def mixed_up_live(env, index, episode, step):
     """Tokens of another env in the middle of a run: the envs' results were mixed up on the way."""
     return ("env %d: received the live token of env %d (episode %d, step %d): envs are mixed up on the way"

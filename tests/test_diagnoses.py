@@ -271,3 +271,26 @@ def test_offline_settings_refusal_words_the_same(tmp_path):
         compare(d, t)
     assert str(err.value) == ("the two sides recorded different reward dtypes: env \"float64\", trainer \"float32\"; "
                               "pass the same reward_dtype to both sides")
+
+
+def test_duplicate_index_warns_when_the_second_file_replaces_the_first(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(str(tmp_path), indices=[0, 1, 1], steps=3)
+    ours = [str(w.message) for w in caught if "written by another LedgerEnv" in str(w.message)]
+    assert ours == ["LedgerEnv(index=1): %s was written by another LedgerEnv since this one started, and this "
+                    "write replaces it: two envs were given index=1? %s" % (tmp_path / "env-1.npz", INDEX_Q)]
+
+
+def test_no_overwrite_warning_for_flush_then_close_or_a_rerun(tmp_path):
+    d = str(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # a second run into the same directory replaces the first run's files: no warning
+            env = LedgerEnv(gym.make("Pendulum-v1"), d, index=0)
+            env.reset(seed=0)
+            env.step(np.zeros(1, np.float32))
+            env.flush()
+            env.step(np.zeros(1, np.float32))
+            env.close()
+    assert not [w for w in caught if "written by another LedgerEnv" in str(w.message)]
