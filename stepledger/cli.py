@@ -66,7 +66,7 @@ def _compare(args):
         progress.done()
     if args.junit:
         from .junit import write_junit
-        write_junit(args.junit, report, "stepledger compare %s %s" % (args.env_dir, args.trainer_file))
+        write_junit(args.junit, report, "stepledger compare")
     print(report.to_json() if args.json else str(report))
     return EXIT_OK if report.ok else EXIT_DIFFER
 
@@ -212,6 +212,9 @@ def _check(args):
                                 progress=progress)
     finally:
         progress.done()
+    if args.junit:
+        from .junit import write_junit
+        write_junit(args.junit, report, "stepledger check")
     print(report)
     return EXIT_OK if report.ok else EXIT_DIFFER
 
@@ -251,6 +254,7 @@ def _add_check(sub):
     c.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed when the "
                                  "check passes)")
     c.add_argument("--keep", action="store_true", help="keep the temporary directory even when the check passes")
+    c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per fault")
     c.set_defaults(func=_check)
 
 
@@ -262,6 +266,9 @@ def _episodes(args):
                                 atol=args.atol, progress=progress)
     finally:
         progress.done()
+    if args.junit:
+        from .junit import write_junit
+        write_junit(args.junit, report, "stepledger episodes")
     print(report.to_json() if args.json else str(report))
     return EXIT_OK if report.ok else EXIT_DIFFER
 
@@ -279,6 +286,7 @@ def _add_episodes(sub):
     e.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
     e.add_argument("log", help="monitor.csv, a directory of N.monitor.csv, or EpisodeLogTap's .npz")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per env")
     e.add_argument("--env", type=int, help="the env index of a log that names none (a single Monitor's file)")
     e.add_argument("--match", choices=("auto", "env", "order", "multiset"), default="auto",
                    help="how to pair logged and recorded episodes (auto: per env if the log knows the env, "

@@ -306,3 +306,55 @@ def test_demo_removes_its_temporary_directory_unless_kept(tmp_path):
     kept = os.listdir(tmp_path)
     assert len(kept) == 1 and kept[0].startswith("stepledger-demo-")
     assert ("ledgers in %s" % (tmp_path / kept[0])) in proc.stdout
+
+
+def test_check_junit_one_case_per_fault(tmp_path):
+    out = tmp_path / "check.xml"
+    proc = run_cli("check", "CartPole-v1", "--steps", "40", "--faults", "obs:zero,reward:f16,truncated:as-term",
+                   "--junit", str(out))
+    root = ET.parse(out).getroot()
+    cases = {c.get("name"): c for c in root.findall("./testsuite/testcase")}
+    assert list(cases) == ["clean run", "obs:zero", "reward:f16", "truncated:as-term"]
+    assert cases["clean run"].find("failure") is None and cases["obs:zero"].find("failure") is None
+    # CartPole's rewards are all 1.0, which float16 keeps: no opportunity, skipped rather than failed
+    assert cases["reward:f16"].find("skipped") is not None and cases["reward:f16"].find("failure") is None
+    assert root.get("failures") == ("0" if proc.returncode == 0 else root.get("failures"))
+    short = tmp_path / "short.xml"
+    proc = run_cli("check", "CartPole-v1", "--steps", "3", "--faults", "obs:zero", "--junit", str(short))
+    assert proc.returncode == 1
+    failure = ET.parse(short).getroot().find("./testsuite/testcase[@name='obs:zero']/failure")
+    assert "the rollout is too short" in failure.get("message")
+
+
+def test_episodes_junit_one_case_per_env(tmp_path):
+    d, _ = pendulum_run(str(tmp_path), n_envs=2, steps=25)
+    log = tmp_path / "log.csv"
+    # env 0's episodes as recorded; env 1's first episode logged one step short
+    from stepledger.episodes import recorded_episodes
+    rec = recorded_episodes(d).columns
+    rows, seen = ["env,r,l"], set()
+    for e, r, n in zip(rec["env"], rec["ret"], rec["length"]):
+        short = int(e) == 1 and 1 not in seen
+        seen.add(int(e))
+        rows.append("%d,%r,%d" % (int(e), float(r), int(n) - (1 if short else 0)))
+    log.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "ep.xml"
+    proc = run_cli("episodes", d, str(log), "--junit", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cases = ET.parse(out).getroot().findall("./testsuite/testcase")
+    assert [c.get("name") for c in cases] == ["env 0", "env 1"]
+    assert cases[0].find("failure") is None
+    assert cases[1].find("failure").get("message").startswith("env 1, episode ")
+
+
+def test_progress_of_the_episode_check_on_a_terminal(tmp_path):
+    d, _ = pendulum_run(str(tmp_path), n_envs=2, steps=25)
+    from stepledger.episodes import recorded_episodes
+    rec = recorded_episodes(d).columns
+    log = tmp_path / "log.csv"
+    log.write_text("env,r,l\n" + "".join("%d,%r,%d\n" % (int(e), float(r), int(n))
+                                           for e, r, n in zip(rec["env"], rec["ret"], rec["length"])))
+    proc, err = _with_tty_stderr(["episodes", d, str(log)])
+    assert proc.returncode == 0, proc.stdout
+    assert "stepledger episodes, envs: 2 of 2" in err
+    assert run_cli("episodes", d, str(log)).stderr == ""

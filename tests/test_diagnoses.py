@@ -227,9 +227,13 @@ def test_all_one_event_only(tmp_path):
 
 # ---------------------------------------------------------------- live: other settings on the two sides
 
-def test_live_other_reward_dtype_is_refused_at_the_first_token():
+@pytest.mark.parametrize("vector", [
+    gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv,
+    functools.partial(gym.vector.SyncVectorEnv, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)],
+    ids=["sync", "async", "sync-same-step"])
+def test_live_other_reward_dtype_is_refused_at_the_first_token(vector):
     with pytest.raises(SettingsError) as err:
-        run(None, n=2, live=True, reward_dtype=np.float64)
+        run(None, n=2, live=True, reward_dtype=np.float64, vector=vector)
     assert str(err.value) == ("LedgerVectorEnv: env 0's LedgerEnv(live=True) records with other settings than this "
                               "ledger: the two sides recorded different reward dtypes: env \"float64\", trainer "
                               "\"float32\"; pass the same reward_dtype to both sides")
