@@ -137,6 +137,16 @@ _UPLOADER = None
 _UPLOADER_LOCK = threading.Lock()
 
 
+def _after_fork_in_child():
+    # The parent's thread is not in the child, and its lock may have been held at the fork.
+    global _UPLOADER, _UPLOADER_LOCK
+    _UPLOADER, _UPLOADER_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _uploader():
     global _UPLOADER
     with _UPLOADER_LOCK:

