@@ -131,6 +131,7 @@ MAX_META_CHARS = 4 << 20  # the meta JSON, in characters (the member is 4 bytes 
 MAX_SPACE_DEPTH = 32  # nesting of Dict and Tuple spaces
 MAX_LEAVES = 1024  # leaves of one space
 MAX_NPY_HEADER = 64 << 10  # a member's .npy header
+MAX_ENCODED_VALUE = 64 << 20  # one kept value stored as its encoding (encoded_obs, encoded_act)
 
 
 class MetaProblem(Exception):

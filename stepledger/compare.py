@@ -564,6 +564,10 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             differences.append(d)
         if progress is not None:
             progress(len(envs), len(envs))
+        if differences:  # a difference is reported from files whose every checksum holds, never from damage
+            differing = [d.env for d in differences]
+            env_ledger.verify(differing)
+            tr_ledger.verify(differing)
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         report = Report(envs, differences, partial, hint, count_all)
         report.hints = cause_hints(report, env_ledger, tr_ledger)

@@ -47,10 +47,13 @@ from . import _schema as S
 from . import core
 from .__about__ import __version__
 from .errors import LedgerError
-from .ledgerfile import CHUNK, atomic_file
+from .ledgerfile import CHUNK, atomic_file, open_regular, read_small_npz
 from .read import read
 
 LOG_FORMAT = "stepledger-episode-log"
+# What a reader accepts of a trainer's episode log, so that no log, however crafted, takes unbounded memory.
+MAX_LOG_MEMBER_BYTES = 64 << 20  # one array of an .npz log: 8M episodes of float64
+MAX_LOG_CSV_BYTES = 32 << 20  # a CSV log (monitor.csv): about 1M episodes
 LOG_FORMAT_VERSION = 1
 RTOL = 1e-5
 ATOL = 1e-5  # per step
@@ -73,7 +76,7 @@ class RecordedEpisodes:
     many step events the env's stream holds up to and including the episode's
     last step). Also ``unfinished`` (env -> (episode, steps)) for a stream's
     last episode still running when the ledger ended, ``cut`` (env -> list of
-    episode numbers ended by a reset before terminated or truncated),
+    episode numbers ended by a reset before terminated or truncated, an int64 array),
     ``stray_steps`` (env -> steps outside any episode), ``total_steps`` (env ->
     step events) and ``envs`` (every stream's env index).
     """
@@ -117,7 +120,7 @@ def _rewards(bits, reward_dtype):
         r64 = r32.astype(np.float64)
     else:
         r64 = bits.view(np.float64).copy()
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # NaN and inf rewards are data, not errors
             r32 = r64.astype(np.float32)
     if invalid.any():
         r64 = np.where(invalid, np.nan, r64)
@@ -196,9 +199,10 @@ def _stream_episodes(stream, reward_dtype, rows, cut, chunk=CHUNK):
         rows["abs_sum"].append(sabs[done])
         rows["end_step"].append(end_step[done])
         # segments followed by a reset, still running when it came: cut off
-        for s in np.flatnonzero(active0[:-1] & ~ended[:-1]):
-            if epno[s] >= 0:
-                cut.setdefault(stream.index, []).append(int(epno[s]))
+        cut_here = epno[:-1][active0[:-1] & ~ended[:-1]]
+        cut_here = cut_here[cut_here >= 0]
+        if cut_here.size:  # arrays, not lists of ints: a ledger of millions of resets stays small
+            cut.setdefault(stream.index, []).append(cut_here)
 
         lastseg = nseg - 1
         c.ep = int(epno[lastseg])
@@ -234,7 +238,8 @@ def recorded_episodes(env_dir, chunk=CHUNK, progress=None):
         rows = {k: [] for k in names}
         unfinished, cut, stray, total = {}, {}, {}, {}
         for k, (idx, stream) in enumerate(ledger.streams.items()):
-            c = _stream_episodes(stream, reward_dtype, rows, cut, chunk)
+            with np.errstate(over="ignore", invalid="ignore"):  # sums of inf and NaN rewards are data too
+                c = _stream_episodes(stream, reward_dtype, rows, cut, chunk)
             if c.active:
                 unfinished[idx] = (c.ep, c.n)
             stray[idx], total[idx] = c.stray, c.steps
@@ -242,6 +247,7 @@ def recorded_episodes(env_dir, chunk=CHUNK, progress=None):
                 progress(k + 1, len(ledger.streams))
         dtypes = {"ret": np.float64, "ret32": np.float32, "abs_sum": np.float64}
         columns = {k: (np.concatenate(v) if v else np.empty(0, dtypes.get(k, np.int64))) for k, v in rows.items()}
+        cut = {e: np.concatenate(v) for e, v in cut.items()}
         return RecordedEpisodes(columns, unfinished, cut, stray, total, sorted(ledger.streams), ledger.partial)
     finally:
         ledger.close()
@@ -344,24 +350,20 @@ def read_episode_log(path):
         l_arr = np.concatenate([p.l for p in parts])
         env = np.concatenate([np.full(len(p), i, dtype=np.int64) for (i, _), p in zip(files, parts)])
         return EpisodeLog(r, l_arr, env, "monitor", path)
-    if not os.path.exists(path):
-        raise LedgerError("%s: no such file" % path)
+    fd, _ = open_regular(path)  # a FIFO or a device is refused, not read forever
     try:
-        with open(path, "rb") as f:
-            head = f.read(4)
+        head = os.pread(fd, 4, 0)
     except OSError as exc:
         raise LedgerError("%s: cannot read the episode log (%s)" % (path, exc.strerror or exc)) from None
+    finally:
+        os.close(fd)
     if head.startswith(b"PK"):
         return _read_npz(path)
     return _read_csv(path)
 
 
 def _read_npz(path):
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            members = {name: z[name] for name in z.files}
-    except Exception as exc:
-        raise LedgerError("%s: not a readable episode log (%s)" % (path, str(exc).splitlines()[0][:120])) from None
+    members = read_small_npz(path, MAX_LOG_MEMBER_BYTES, what="episode log")
     if "meta" in members:
         try:
             meta = json.loads(str(members["meta"][()]))
@@ -377,15 +379,23 @@ def _read_npz(path):
     if "r" not in members or "l" not in members:
         raise LedgerError("%s: not an episode log (an .npz episode log holds arrays r and l, and env if known)" % path)
     try:
+        for name in ("r", "l", "env"):
+            if name in members and members[name].dtype.kind not in "biuf":
+                raise TypeError("%s is %s, not numbers" % (name, members[name].dtype))
         return EpisodeLog(members["r"], members["l"], members.get("env"), "tap", path)
     except (TypeError, ValueError) as exc:
         raise LedgerError("%s: not a readable episode log (%s)" % (path, exc)) from None
 
 
 def _read_csv(path):
+    fd, size = open_regular(path)
+    if size > MAX_LOG_CSV_BYTES:
+        os.close(fd)
+        raise LedgerError("%s: an episode log of %d MB; a reader accepts at most %d MB of CSV (EpisodeLogTap's .npz "
+                          "holds more)" % (path, size >> 20, MAX_LOG_CSV_BYTES >> 20))
     try:
-        with open(path, newline="") as f:
-            text = f.read()
+        with open(fd, newline="", closefd=True) as f:
+            text = f.read(MAX_LOG_CSV_BYTES + 1)
     except UnicodeDecodeError:
         raise LedgerError("%s: not an episode log (neither text nor an .npz)" % path) from None
     except OSError as exc:
@@ -622,7 +632,7 @@ class EpisodeReport:
         self.n_compared, self.n_differ = n_compared, n_differ
         self.n_recorded, self.n_logged = len(recorded), len(log)
         self.unfinished = dict(recorded.unfinished)
-        self.cut = {e: list(v) for e, v in recorded.cut.items()}
+        self.cut = {e: np.asarray(v, dtype=np.int64) for e, v in recorded.cut.items()}
         self.stray_steps = {e: n for e, n in recorded.stray_steps.items() if n}
         self.partial = recorded.partial
         self.log_source, self.log_kind = log.source, log.kind
@@ -683,7 +693,7 @@ class EpisodeReport:
             "episodes_recorded": self.n_recorded, "episodes_logged": self.n_logged,
             "differences": [d.to_dict() for d in self.differences],
             "unfinished": [{"env": e, "episode": ep, "steps": n} for e, (ep, n) in sorted(self.unfinished.items())],
-            "cut": {str(e): v for e, v in sorted(self.cut.items())},
+            "cut": {str(e): np.asarray(v).tolist() for e, v in sorted(self.cut.items())},
             "stray_steps": {str(e): n for e, n in sorted(self.stray_steps.items())},
             "partial": self.partial, "log": {"source": self.log_source, "kind": self.log_kind},
             "tolerance": {"rtol": self.rtol, "atol": self.atol},

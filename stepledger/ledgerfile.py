@@ -408,6 +408,8 @@ def read_directory(fd, size, path):
                               % (path, name, usize, csize))
         entries[name] = _Entry(name, method, crc, csize, usize, offset)
         entries[name].data = raw  # the name as bytes, until the local header is checked
+    if pos != len(cd):
+        raise LedgerError("%s: damaged ledger (the ZIP directory holds more than its %d entries)" % (path, count))
     # Every member's local header, and no member overlapping another or the directory.
     limit = cd_offset
     for e in sorted(entries.values(), key=lambda e: e.offset, reverse=True):
@@ -575,6 +577,19 @@ class _ColumnSource:
             if crc != self.info.crc:
                 raise LedgerError("%s: member %s is corrupted (CRC-32 mismatch)" % (self.path, self.name))
 
+    def verify_stored(self):
+        """Read a stored member through in chunks, checking its CRC-32."""
+        crc = zlib.crc32(_pread(self.fd, self.header_len, self.info.data))
+        pos, end = self.info.data + self.header_len, self.info.data + self.info.usize
+        while pos < end:
+            data = _pread(self.fd, min(VALUE_CHUNK_BYTES, end - pos), pos)
+            if not data:
+                raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
+            crc = zlib.crc32(data, crc)
+            pos += len(data)
+        if crc != self.info.crc:
+            raise LedgerError("%s: member %s is corrupted (CRC-32 mismatch)" % (self.path, self.name))
+
     def verify_whole(self):
         """Inflate a compressed member to its end through a fresh cursor, so that its CRC-32 is checked."""
         try:
@@ -605,6 +620,35 @@ class Rows:
             raise TypeError("Rows supports plain slices only")
         a, b, _ = key.indices(self.stop - self.start)
         return self.source.read(self.start + a, self.start + max(a, b))
+
+
+class _OpenFile:
+    def __init__(self, path, fd):
+        self.path, self.fd = path, fd
+
+
+def read_small_npz(path, max_member_bytes, what="file"):
+    """Every ``.npy`` member of an .npz that is not a ledger (an episode log), loaded, CRC-checked.
+
+    The same bounded reading as a ledger's: one descriptor, a regular file, the
+    ZIP directory and each header checked before anything is inflated, and
+    members larger than ``max_member_bytes`` refused. Pickles are never loaded.
+    """
+    fd, size = open_regular(path)
+    try:
+        entries = read_directory(fd, size, path)
+        holder = _OpenFile(path, fd)
+        out = {}
+        for name, e in entries.items():
+            if not name.endswith(".npy"):
+                continue
+            if e.usize > max_member_bytes + S.MAX_NPY_HEADER:
+                raise LedgerError("%s: member %s declares %d bytes; a reader accepts at most %d in an %s"
+                                  % (path, name[:-4], e.usize, max_member_bytes, what))
+            out[name[:-4]] = _ColumnSource(holder, e, name[:-4]).array()
+        return out
+    finally:
+        os.close(fd)
 
 
 def check_meta(path, meta):
@@ -643,6 +687,7 @@ class LedgerFile:
         self.verify = verify  # check the CRC of stored members read through in order
         self.fd = None
         self._sources = {}
+        self._verified_all = False
         fd, size = open_regular(path)
         self.fd = fd
         try:
@@ -741,6 +786,21 @@ class LedgerFile:
             for name, e in self.members.items():
                 if e.method != _STORED and e.usize <= _VERIFY_AT_OPEN:
                     self.source(name).verify_whole()
+
+    def verify_all(self):
+        """Check the CRC-32 of every member this reader uses (once), reading each through in chunks."""
+        if self._verified_all:
+            return
+        for name, e in self.members.items():
+            if name in self._known_members() and not (e.method != _STORED and e.usize <= _VERIFY_AT_OPEN
+                                                      and self.verify):
+                src = self.source(name)
+                src.verify_stored() if src.stored else src.verify_whole()
+        self._verified_all = True
+
+    def _known_members(self):
+        return {n for n in self.members if n in S.FILE_COLUMN_NAMES or n.startswith(("values_", "encoded_"))
+                or n in (S.META_MEMBER, S.STREAM_INDEX_MEMBER, S.STREAM_OFFSETS_MEMBER)}
 
     def source(self, name):
         src = self._sources.get(name)

@@ -118,6 +118,9 @@ def encoded_value(lf, field, row):
     length = int(np.asarray(lf.source(name).read(row, row + 1))[0])
     if length == 0:
         return None
+    if length > S.MAX_ENCODED_VALUE:
+        raise LedgerError("%s: the kept %s value of event %d declares %d bytes, more than a reader accepts (%d)"
+                          % (lf.path, field, row, length, S.MAX_ENCODED_VALUE))
     start = _encoded_offset(lf, field, row)
     data = np.asarray(lf.source(S.ENCODED_MEMBER.format(field=field)).read(start, start + length))
     try:
@@ -141,6 +144,18 @@ class Ledger:
 
     def n_events(self):
         return sum(len(s) for s in self.streams.values())
+
+    def verify(self, stream_ids=None):
+        """Check the CRC-32 of every member of the files holding ``stream_ids`` (default: every file).
+
+        Reading stops at the first difference, before the end of a member where
+        its checksum is checked: a report of a difference first verifies that
+        the bytes it came from are the bytes written. LedgerError if not.
+        """
+        files = self._files if stream_ids is None else \
+            {id(p.lf): p.lf for s in stream_ids if s in self.streams for p in self.streams[s].pieces}.values()
+        for lf in files:
+            lf.verify_all()
 
     def close(self):
         for lf in self._files:

@@ -10,6 +10,7 @@ the two sides, and returns the env directory and the trainer file.
 import functools
 import json
 import os
+import re
 import zipfile
 
 import gymnasium as gym
@@ -87,4 +88,5 @@ def edit_meta(path, drop=(), **changes):
 
 
 def ledger_files(env_dir, trainer):
-    return sorted(os.path.join(env_dir, n) for n in os.listdir(env_dir) if n.startswith("env-")) + [trainer]
+    return sorted(os.path.join(env_dir, n) for n in os.listdir(env_dir)
+                  if re.match(r"^env-\d+\.npz$", n) and os.path.isfile(os.path.join(env_dir, n))) + [trainer]
