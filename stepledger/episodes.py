@@ -218,7 +218,12 @@ _REFUSE_TRAINER = ("%s: a trainer-side ledger; the episode check reads the env-s
                    "LedgerEnv wrote env-N.npz into")
 
 
-def recorded_episodes(env_dir, chunk=CHUNK, progress=None):
+# Events a chunk when deriving episodes: about twenty arrays of a chunk's length are alive at once, so
+# 256K events keep that near 40 MB whatever the ledger holds.
+EPISODE_CHUNK = 1 << 18
+
+
+def recorded_episodes(env_dir, chunk=EPISODE_CHUNK, progress=None):
     """Derive every env's completed episodes from the env-side ledgers in ``env_dir``.
 
     Returns a RecordedEpisodes. Reads ``chunk`` events at a time. Raises
