@@ -45,26 +45,25 @@ class Leaf:
 _INT64 = canonical_dtype(np.int64)
 _UINT8 = np.dtype(np.uint8)
 _BOOL = np.dtype(np.bool_)
-# Gymnasium's own space classes, exactly: a subclass may change what its values are.
+# Gymnasium's space classes, and subclasses of them (SB3's own tests use a Dict subclass):
+# a value of one is what its Gymnasium base says. Any other Space is refused.
 _FIXED = (gs.Box, gs.Discrete, gs.MultiDiscrete, gs.MultiBinary)
 _VARIABLE = (gs.Text, gs.Sequence, gs.Graph, gs.OneOf)
 _SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple, Text, Sequence, Graph and OneOf"
 
 
 def _check_type(space, path, what):
-    cls = type(space)
-    if cls in _FIXED + _VARIABLE + (gs.Dict, gs.Tuple):
+    if isinstance(space, _FIXED + _VARIABLE + (gs.Dict, gs.Tuple)):
         return
     where = "".join("[%r]" % (p,) for p in path)
-    base = next((b.__name__ for b in cls.__mro__[1:] if b in _FIXED + _VARIABLE + (gs.Dict, gs.Tuple)), None)
-    kind = ("a subclass of Gymnasium's %s" % base) if base else "not one of Gymnasium's spaces"
     raise UnsupportedSpaceError(
-        "%s%s is a %s, %s; stepledger digests Gymnasium's own %s spaces (a subclass may change what its "
-        "values are): declare the env's space as one of them" % (what, where, cls.__name__, kind, _SUPPORTED))
+        "%s%s is a %s, a space of its own, not one of Gymnasium's; stepledger digests %s spaces and "
+        "subclasses of them, whose values it knows how to flatten: declare the env's space as one of them"
+        % (what, where, type(space).__name__, _SUPPORTED))
 
 
 def _leaf_dtype(space):
-    return _INT64 if type(space) is gs.Discrete else canonical_dtype(space.dtype)
+    return _INT64 if isinstance(space, gs.Discrete) else canonical_dtype(space.dtype)
 
 
 def _structure(space, path=(), what="space"):
@@ -76,23 +75,22 @@ def _structure(space, path=(), what="space"):
     ("oneof", subs).
     """
     _check_type(space, path, what)
-    cls = type(space)
-    if cls in _FIXED:
+    if isinstance(space, _FIXED):
         return ("leaf", _leaf_dtype(space))
-    if cls is gs.Dict:
+    if isinstance(space, gs.Dict):
         keys = sorted(space.spaces)
         return ("dict", keys, [_structure(space.spaces[k], path + (k,), what) for k in keys])
-    if cls is gs.Tuple:
+    if isinstance(space, gs.Tuple):
         return ("tuple", None, [_structure(s, path + (i,), what) for i, s in enumerate(space.spaces)])
-    if cls is gs.Text:
+    if isinstance(space, gs.Text):
         return ("text",)
-    if cls is gs.Sequence:
+    if isinstance(space, gs.Sequence):
         sub = _structure(space.feature_space, path + ("feature_space",), what)
         return ("sequence", sub, bool(space.stack) and not _is_variable(sub))
-    if cls is gs.Graph:
+    if isinstance(space, gs.Graph):
         for name in ("node_space", "edge_space"):
             sub = getattr(space, name)
-            if sub is not None and type(sub) not in (gs.Box, gs.Discrete):
+            if sub is not None and not isinstance(sub, (gs.Box, gs.Discrete)):
                 raise UnsupportedSpaceError("%s%s.%s is a %s; a Graph's node and edge spaces are Box or Discrete"
                                             % (what, "".join("[%r]" % (p,) for p in path), name, type(sub).__name__))
         edge = None if space.edge_space is None else _leaf_dtype(space.edge_space)
@@ -110,10 +108,9 @@ def _is_variable(structure):
 
 
 def _fixed_leaves(space, path, out):
-    cls = type(space)
-    if cls in _FIXED:
-        out.append(Leaf(path, _leaf_dtype(space), () if cls is gs.Discrete else space.shape))
-    elif cls is gs.Dict:
+    if isinstance(space, _FIXED):
+        out.append(Leaf(path, _leaf_dtype(space), () if isinstance(space, gs.Discrete) else space.shape))
+    elif isinstance(space, gs.Dict):
         for key in sorted(space.spaces):
             _fixed_leaves(space.spaces[key], path + (key,), out)
     else:
@@ -231,7 +228,7 @@ class LeafLayout:
         # fast_leaf is (dtype, shape) when the space is one Box-like leaf.
         single = self.structure[0] == "leaf"
         self.fast_leaf = (self.dtypes[0], self.leaves[0].shape) if single else None
-        self.discrete = type(space) is gs.Discrete
+        self.discrete = isinstance(space, gs.Discrete)
 
     def cast(self, value):
         out = []

@@ -252,15 +252,24 @@ class MySpace(gs.Space):
 
 
 class MyText(gs.Text):
-    pass
+    """A subclass of a Gymnasium space: its values are Text values (SB3's tests use a Dict subclass)."""
 
 
 def test_custom_spaces_are_refused_on_the_trainer_side(tmp_path):
-    fns = [functools.partial(ScriptedEnv, act_space=MyText(4)) for _ in range(2)]
+    space = gs.Tuple((BOX2, MySpace()))
+    fns = [functools.partial(ScriptedEnv, act_space=space) for _ in range(2)]
     with pytest.raises(UnsupportedSpaceError) as err:
         LedgerVectorEnv(gym.vector.SyncVectorEnv(fns), str(tmp_path / "t.npz"))
-    assert str(err.value).startswith("LedgerVectorEnv: action space is a MyText, a subclass of Gymnasium's Text;")
+    assert str(err.value).startswith("LedgerVectorEnv: action space[1] is a MySpace, a space of its own, not one "
+                                     "of Gymnasium's;")
     assert "\n" not in str(err.value)
+
+
+def test_a_subclass_of_a_gymnasium_space_is_digested_as_its_base(tmp_path):
+    d = str(tmp_path)
+    path = _run(d, "sync", "NextStep", MyText(6), keep=True)
+    assert assert_clean(d, path, n_envs=3) > 25
+    _no_invalid(d, path)
 
 
 def test_custom_spaces_are_refused_by_sb3_ledger(tmp_path):
@@ -270,4 +279,4 @@ def test_custom_spaces_are_refused_by_sb3_ledger(tmp_path):
     fns = [functools.partial(ScriptedEnv, act_space=gs.Dict(a=MySpace())) for _ in range(2)]
     with pytest.raises(UnsupportedSpaceError) as err:
         LedgerVecEnv(DummyVecEnv(fns), str(tmp_path / "t.npz"))
-    assert "LedgerVecEnv: action space['a'] is a MySpace, not one of Gymnasium's spaces" in str(err.value)
+    assert "LedgerVecEnv: action space['a'] is a MySpace, a space of its own" in str(err.value)
