@@ -13,7 +13,8 @@ tests build, directly, through ``make_vec_env`` or inside a model, is built with
 - mode ``bare``: nothing (the suite as it ships).
 
 Environment: ``STEPLEDGER_UPSTREAM_MODE`` (the mode) and ``STEPLEDGER_UPSTREAM_OUT`` (a
-directory). It writes ``outcomes.json`` (test id -> passed, failed or skipped) and
+directory); ``STEPLEDGER_UPSTREAM_FORK=0`` keeps SubprocVecEnv's default start method
+(forkserver), which otherwise becomes ``fork`` where the test names none, in every mode. It writes ``outcomes.json`` (test id -> passed, failed or skipped) and
 ``vecenvs.jsonl`` (one line per VecEnv built: test id, ledger directory, number of envs)
 there, and a ``closed`` marker in each ledger directory whose VecEnv was closed.
 """
@@ -26,6 +27,7 @@ import gymnasium as gym
 
 MODE = os.environ.get("STEPLEDGER_UPSTREAM_MODE", "bare")
 OUT = os.environ.get("STEPLEDGER_UPSTREAM_OUT", ".")
+FORK = os.environ.get("STEPLEDGER_UPSTREAM_FORK", "1") == "1"
 _CURRENT = {"test": None}
 _COUNTER = itertools.count()
 _OUTCOMES = {}
@@ -79,6 +81,8 @@ def _install():
             k = next(_COUNTER)
             directory = os.path.join(OUT, "ledgers", "vec-%05d-%d" % (k, os.getpid()))
             wrapped = [_env_side(fn, directory, i) for i, fn in enumerate(fns)]
+            if real is SubprocVecEnv and not args and "start_method" not in kwargs and FORK:
+                kwargs["start_method"] = "fork"  # workers start in milliseconds, not seconds (all modes alike)
             venv = real(wrapped, *args, **kwargs)
             with open(os.path.join(OUT, "vecenvs.jsonl"), "a") as f:
                 f.write(json.dumps({"test": _CURRENT["test"], "dir": directory, "n": len(fns),
