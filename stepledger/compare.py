@@ -458,13 +458,17 @@ class _Where:
 _MATCH_EVENTS = 4096  # events compared when looking for an env file that matches another env's stream
 
 
-def _prefix_matches(env_stream, tr_stream):
-    n = min(len(env_stream), len(tr_stream), _MATCH_EVENTS)
-    if n == 0:
+def _prefix(stream):
+    """The first events of a stream (at most _MATCH_EVENTS), read once for every pairing."""
+    n = min(len(stream), _MATCH_EVENTS)
+    return _read_rows(stream, S.EVENT_COLUMN_NAMES, 0, n) if n else None
+
+
+def _prefixes_match(a, b):
+    if a is None or b is None:
         return False
-    a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, 0, n)
-    b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, 0, n)
-    return core.first_difference(a, b) < 0
+    n = min(len(a["kind"]), len(b["kind"]))
+    return core.first_difference({k: v[:n] for k, v in a.items()}, {k: v[:n] for k, v in b.items()}) < 0
 
 
 def _index_hint(report, env_ledger, tr_ledger):
@@ -479,10 +483,12 @@ def _index_hint(report, env_ledger, tr_ledger):
     tr_side = [e for e in sorted(early) if e in tr_ledger.streams]
     if not env_side or not tr_side:
         return None
+    env_prefix = {e: _prefix(env_ledger.streams[e]) for e in env_side}
+    tr_prefix = {t: _prefix(tr_ledger.streams[t]) for t in tr_side}
     pairs, taken = [], set()
     for e in env_side:
         for t in tr_side:
-            if t != e and t not in taken and _prefix_matches(env_ledger.streams[e], tr_ledger.streams[t]):
+            if t != e and t not in taken and _prefixes_match(env_prefix[e], tr_prefix[t]):
                 pairs.append((e, t))
                 taken.add(t)
                 break
