@@ -62,20 +62,30 @@ def spill_everything():
 
 class ValueStore:
     """Kept values of one stream: one growable array per space leaf, and the encodings
-    of values that do not fit those arrays (another shape than the space's)."""
+    of values that do not fit those arrays (another shape than the space's, or a space
+    whose values vary in size). The per-event encoding lengths of a field are allocated
+    at its first such value, so that values that always fit cost nothing more."""
 
     def __init__(self, members):
         self.members = members  # [(name, dtype, row_shape, field, leaf index)]
-        self.arrays = {name: np.zeros((64,) + tuple(shape), dtype) for name, dtype, shape, _, _ in members}
         self.fields = ("obs", "act")
-        self.capacity = 64
         self.n_leaves = {f: sum(1 for m in members if m[3] == f) for f in self.fields}
-        self.enc_len = {f: np.zeros(64, np.uint32) for f in self.fields}
+        self.row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
+                             for _, dt, shape, _, _ in members)
+        self._empty()
+
+    def _empty(self):
+        self.n = 0
+        self.capacity = 64
+        self.arrays = {name: np.zeros((64,) + tuple(shape), dtype) for name, dtype, shape, _, _ in self.members}
+        self.enc_len = dict.fromkeys(self.fields)  # field -> uint32 lengths, once a value needed encoding
         self.enc = {f: np.zeros(0, np.uint8) for f in self.fields}
         self.enc_used = dict.fromkeys(self.fields, 0)
-        self.n = 0
-        self.row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
-                             for _, dt, shape, _, _ in members) + 4 * len(self.fields)
+
+    def nbytes(self):
+        """Bytes of kept values held: the rows, the encodings and their lengths."""
+        lengths = sum(4 * self.n for f in self.fields if self.enc_len[f] is not None)
+        return self.n * self.row_bytes + sum(self.enc_used.values()) + lengths
 
     def _fits(self, field, leaves):
         if len(leaves) != self.n_leaves[field]:
@@ -94,19 +104,26 @@ class ValueStore:
                 new[:n] = arr
                 self.arrays[name] = new
             for f in self.fields:
-                new = np.zeros(2 * n, np.uint32)
-                new[:n] = self.enc_len[f]
-                self.enc_len[f] = new
+                if self.enc_len[f] is not None:
+                    new = np.zeros(2 * n, np.uint32)
+                    new[:n] = self.enc_len[f]
+                    self.enc_len[f] = new
         extra = 0
         given = {"obs": obs_leaves, "act": act_leaves}
         fits = {}
         for f in self.fields:
             leaves = given.get(f)
             fits[f] = leaves is not None and self._fits(f, leaves)
-            self.enc_len[f][n] = 0
             if leaves is not None and not fits[f]:
                 # another shape than the space's: keep the value itself, as its digest saw it
+                if self.enc_len[f] is None:
+                    self.enc_len[f] = np.zeros(self.capacity, np.uint32)
+                    extra += 4 * n  # the lengths of the rows before, now held too
                 extra += self._encode(f, n, leaves)
+            elif self.enc_len[f] is not None:
+                self.enc_len[f][n] = 0
+            if self.enc_len[f] is not None:
+                extra += 4
         for name, dtype, shape, field, j in self.members:
             self.arrays[name][n] = given[field][j] if fits[field] else 0
         self.n = n + 1
@@ -115,6 +132,7 @@ class ValueStore:
     def _encode(self, field, n, leaves):
         data = np.frombuffer(encode_leaves(leaves), np.uint8)
         if data.shape[0] >= 1 << 32:
+            self.enc_len[field][n] = 0
             return 0  # too large to note: left out, the digest still tells
         used, buf = self.enc_used[field], self.enc[field]
         if used + data.shape[0] > buf.shape[0]:
@@ -130,19 +148,16 @@ class ValueStore:
         """The kept rows as arrays by member name (views, valid until the store changes)."""
         out = {name: arr[: self.n] for name, arr in self.arrays.items()}
         for f in self.fields:
-            out[S.ENCODED_LENGTH_MEMBER.format(field=f)] = self.enc_len[f][: self.n]
+            lengths = self.enc_len[f]
+            out[S.ENCODED_LENGTH_MEMBER.format(field=f)] = (np.zeros(self.n, np.uint32) if lengths is None
+                                                            else lengths[: self.n])
             out[S.ENCODED_MEMBER.format(field=f)] = self.enc[f][: self.enc_used[f]]
         return out
 
     def clear(self):
         """Forget the kept rows (they are on disk) and give their memory back."""
-        core.account(-self.row_bytes * self.n - sum(self.enc_used.values()))
-        self.n = 0
-        self.arrays = {name: np.zeros((64,) + arr.shape[1:], arr.dtype) for name, arr in self.arrays.items()}
-        self.enc_len = {f: np.zeros(64, np.uint32) for f in self.fields}
-        self.enc = {f: np.zeros(0, np.uint8) for f in self.fields}
-        self.enc_used = dict.fromkeys(self.fields, 0)
-        self.capacity = 64
+        core.account(-self.nbytes())
+        self._empty()
 
 
 class Recording:
@@ -185,7 +200,7 @@ class Recording:
     def nbytes(self):
         n = sum(len(b) for b in self.buffers) * S.BYTES_PER_EVENT
         if self.values:
-            n += sum(v.n * v.row_bytes + sum(v.enc_used.values()) for v in self.values)
+            n += sum(v.nbytes() for v in self.values)
         return n
 
     def n_events(self):
