@@ -466,6 +466,7 @@ class _ColumnSource:
         self._crc = None  # running CRC-32 of a stored member read in order from its start
         self._crc_rows = 0
         self.verify = True
+        self.verified = False  # its CRC-32 has been checked: it was read through to its end
         try:
             # The header alone: a stored member's first bytes, or what a deflated one's first compressed
             # bytes inflate to, never more than the largest header accepted.
@@ -523,8 +524,10 @@ class _ColumnSource:
                 self._cursor.skip((start - self._pos) * row_bytes)
             want = (stop - start) * row_bytes
             data = self._cursor.read(want)
-            if stop == rows and len(data) == want and self._cursor.read(1):
-                raise LedgerError("%s: member %s holds more data than its header says" % (self.path, self.name))
+            if stop == rows and len(data) == want:
+                if self._cursor.read(1):
+                    raise LedgerError("%s: member %s holds more data than its header says" % (self.path, self.name))
+                self.verified = self._cursor.eof
             # reading past the last row reaches the end of the stream, where its CRC is checked
         except _READ_ERRORS as exc:
             self._cursor = None
@@ -576,6 +579,7 @@ class _ColumnSource:
             crc, self._crc = self._crc, None
             if crc != self.info.crc:
                 raise LedgerError("%s: member %s is corrupted (CRC-32 mismatch)" % (self.path, self.name))
+            self.verified = True
 
     def verify_stored(self):
         """Read a stored member through in chunks, checking its CRC-32."""
@@ -589,6 +593,7 @@ class _ColumnSource:
             pos += len(data)
         if crc != self.info.crc:
             raise LedgerError("%s: member %s is corrupted (CRC-32 mismatch)" % (self.path, self.name))
+        self.verified = True
 
     def verify_whole(self):
         """Inflate a compressed member to its end through a fresh cursor, so that its CRC-32 is checked."""
@@ -598,6 +603,7 @@ class _ColumnSource:
             cursor.read(1)
         except _READ_ERRORS as exc:
             raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
+        self.verified = cursor.eof
 
 
 class Rows:
@@ -791,10 +797,9 @@ class LedgerFile:
         """Check the CRC-32 of every member this reader uses (once), reading each through in chunks."""
         if self._verified_all:
             return
-        for name, e in self.members.items():
-            if name in self._known_members() and not (e.method != _STORED and e.usize <= _VERIFY_AT_OPEN
-                                                      and self.verify):
-                src = self.source(name)
+        for name in self._known_members():
+            src = self.source(name)
+            if not src.verified:
                 src.verify_stored() if src.stored else src.verify_whole()
         self._verified_all = True
 

@@ -255,3 +255,25 @@ def test_unreadable_file_and_directory(clean_pair, tmp_path):
     env_dir, trainer = copy_pair(clean_pair, tmp_path / "pair")
     os.chmod(trainer, 0)
     assert_refused(cli("show", trainer, timeout=20), "trainer.npz", "Permission denied")
+
+
+def test_damaged_digest_is_not_reported_as_a_difference(tmp_path):
+    """compare stops reading at the first difference, before the end of a member where its CRC-32 is
+    checked: a flipped byte in a stored digest column must be refused as damage, not reported as a fault."""
+    import zipfile
+    env_dir, trainer = H.record_pair(tmp_path / "pair", steps=1500)  # members larger than one read
+    assert compare(env_dir, trainer)
+    with zipfile.ZipFile(trainer) as zf:
+        info = zf.getinfo("h_obs.npy")
+        assert info.compress_type == zipfile.ZIP_STORED
+    data = bytearray(open(trainer, "rb").read())
+    n_name, n_extra = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + n_name + n_extra
+    header = 10 + int.from_bytes(data[start + 8:start + 10], "little")
+    data[start + header + 8 * 3] ^= 0x40  # the obs digest of env 0's fourth event
+    open(trainer, "wb").write(bytes(data))
+    with pytest.raises(LedgerError) as info:
+        compare(env_dir, trainer)
+    assert "trainer.npz" in str(info.value) and "h_obs" in str(info.value) and "CRC" in str(info.value)
+    assert_refused(cli("compare", env_dir, trainer), "h_obs", "CRC-32")
