@@ -37,6 +37,17 @@ def _free_ports(n):
     return ports
 
 
+def _die_with_parent():
+    """In the server's process, before exec: a SIGKILL when the test process dies (Linux), so that a test run
+    that is itself killed leaves no server behind."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def weed_binary():
     path = shutil.which("weed", path=BIN_DIR + os.pathsep + os.environ.get("PATH", ""))
     return path
@@ -135,7 +146,7 @@ class S3Server:
         env = dict(os.environ)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
