@@ -37,18 +37,24 @@ SPEC = {"env": 1.43, "trainer": 1.33, "both": 1.81}  # the specification's lapto
 TARGETS = {"both_ratio": 1.10, "env_us": 1.5, "trainer_us": 0.5, "frame_ratio": 1.1, "live_us": 2.0}
 
 
-def pendulum_vector(config, n, directory):
+def pendulum_vector(config, n, directory, flush_interval=None):
     live = config == "live"
 
     def make(i):
         env = gym.make("Pendulum-v1")
         if config in ("env", "both", "live"):
-            env = LedgerEnv(env, directory, index=i, live=live)
+            env = LedgerEnv(env, directory, index=i, live=live, flush_interval=flush_interval)
         return env
     envs = gym.vector.SyncVectorEnv([lambda i=i: make(i) for i in range(n)])
     if config in ("trainer", "both", "live"):
-        envs = LedgerVectorEnv(envs, os.path.join(directory, "trainer.npz"), live=live)
+        envs = LedgerVectorEnv(envs, os.path.join(directory, "trainer.npz"), live=live, flush_interval=flush_interval)
     return envs
+
+
+def spills():
+    """Spills (periodic and memory-driven) of the recordings open in this process so far."""
+    from stepledger import recording
+    return sum(rec.spills for rec in recording._OPEN.values())
 
 
 def time_vector(envs, actions):
@@ -134,6 +140,8 @@ def main():
     p.add_argument("--block", type=int, default=100, help="vector steps per turn")
     p.add_argument("--frame-steps", type=int, default=300)
     p.add_argument("--frame-envs", type=int, default=8)
+    p.add_argument("--flush-interval", type=float, default=1.0,
+                   help="seconds between periodic spills (stepledger's default is 5; shorter spills more often)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few steps, no RESULTS.md")
     args = p.parse_args()
     if args.quick:
@@ -146,9 +154,10 @@ def main():
     # Every configuration is built once and they take turns in short blocks, many times over, so that a busy
     # moment on a shared machine falls on all of them alike; the median over blocks is reported.
     block = max(1, min(args.block, args.steps))
+    n_spills = 0
     for _ in range(args.runs):
         dirs = {c: tempfile.mkdtemp(prefix="stepledger-bench-") for c in configs}
-        envs = {c: pendulum_vector(c, n, dirs[c]) for c in configs}
+        envs = {c: pendulum_vector(c, n, dirs[c], args.flush_interval) for c in configs}
         for e in envs.values():
             e.reset(seed=0)
         for start in range(0, args.steps, block):
@@ -159,6 +168,7 @@ def main():
                 for a in chunk:
                     step(a)
                 times[c].append((time.perf_counter() - t0) / len(chunk) * 1e6)
+        n_spills += spills()
         for c in configs:
             discard(envs[c], dirs[c])
     med = {c: statistics.median(v) for c, v in times.items()}
@@ -177,7 +187,9 @@ def main():
     out = ["## Per-step overhead (benchmarks/overhead.py)", "",
            "%s." % machine(), "",
            "SyncVectorEnv of %d Pendulum-v1, pre-generated actions, %d runs of %d vector steps in which the "
-           "configurations take turns every %d steps; the median over all turns." % (n, args.runs, args.steps, block),
+           "configurations take turns every %d steps; the median over all turns. Periodic spills on, every %g s "
+           "(%d spills to disk in all, counted per ledger file)." % (n, args.runs, args.steps, block, args.flush_interval,
+                                                                 n_spills),
            ""] + rows
     out += ["", "Targets: both at most %.2fx (measured %.3fx); env side at most %.1f µs an env step (measured %.2f; "
             "the specification's 5 µs); trainer side at most %.1f µs (measured %.2f; the specification's 4 µs)."

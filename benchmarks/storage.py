@@ -153,9 +153,11 @@ def bytes_per_event(n_envs, steps, keep_values, tmp):
     from stepledger import LedgerEnv, LedgerVectorEnv, core, read
     d = tempfile.mkdtemp(prefix="bytes-", dir=tmp)
     trainer = os.path.join(d, "trainer.npz")
-    envs = gym.vector.SyncVectorEnv([lambda i=i: LedgerEnv(gym.make("Pendulum-v1"), d, index=i, keep_values=keep_values)
+    # no periodic spills either (flush_interval=inf): everything recorded is in memory when counted
+    envs = gym.vector.SyncVectorEnv([lambda i=i: LedgerEnv(gym.make("Pendulum-v1"), d, index=i, keep_values=keep_values,
+                                                           flush_interval=float("inf"))
                                      for i in range(n_envs)])
-    envs = LedgerVectorEnv(envs, trainer, keep_values=keep_values)
+    envs = LedgerVectorEnv(envs, trainer, keep_values=keep_values, flush_interval=float("inf"))
     actions = np.random.default_rng(0).uniform(-2, 2, (steps, n_envs, 1)).astype(np.float32)
     core.set_memory_limit(1 << 62)  # no spill: all that was recorded is in memory when counted
     used0, rss0 = core.memory_in_use(), vm("VmRSS")
@@ -249,7 +251,7 @@ def long_run(n_envs, events, pool_steps, tmp):
     with PeakRSS(every=0.02) as peak:
         rec = record(os.path.join(tmp, "long", "trainer.npz"), pool, events // n_envs, samples=10, on_sample=sample)
     seconds = time.perf_counter() - t0
-    segments = len(rec.segments)
+    segments = rec.spills
     discard(rec)
     return {"baseline": baseline, "samples": samples, "peak": peak.peak, "seconds": seconds,
             "segments": segments, "limit": core.memory_limit()}
@@ -265,7 +267,7 @@ def write_trainer(n_envs, events_per_env, pool_steps, directory, profile):
     t0 = time.perf_counter()
     rec = record(trainer, pool, events_per_env)
     record_s = time.perf_counter() - t0
-    segments = len(rec.segments)
+    segments = rec.spills
     before = vm("VmRSS")
     with PeakRSS() as peak:
         _, close_s, top = timed(rec.close, profile)

@@ -13,7 +13,9 @@ from cpython.object cimport PyObject_IsTrue
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
+from libc.math cimport INFINITY
 from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cimport numpy as cnp
 import numpy as np
@@ -37,6 +39,10 @@ cdef bint _HAVE_AVX2 = sl_have_avx2()
 
 cdef Py_ssize_t _used = 0
 cdef Py_ssize_t _limit = S.DEFAULT_MEMORY_LIMIT
+# When the process's recordings next want attention (a periodic spill), on the clock of
+# time.monotonic(); and whether the memory limit is held off until then (a spill failed).
+cdef double _deadline = INFINITY
+cdef bint _hold = False
 cdef Py_ssize_t BYTES_PER_EVENT = S.BYTES_PER_EVENT
 cdef uint8_t KIND_RESET = S.KIND_RESET
 cdef uint8_t KIND_STEP = S.KIND_STEP
@@ -64,7 +70,31 @@ def account(nbytes):
     """Count ``nbytes`` more (or fewer) of recorded data; True when over the limit."""
     global _used
     _used = max(0, _used + int(nbytes))
-    return _used > _limit
+    return _due()
+
+
+def set_deadline(when, hold=False):
+    """Make recording calls report True from ``when`` (time.monotonic() seconds) on.
+
+    With ``hold``, being over the memory limit does not count until then: a spill
+    failed, and the next try waits for the deadline.
+    """
+    global _deadline, _hold
+    _deadline = float(when)
+    _hold = bool(hold)
+
+
+def deadline():
+    return _deadline
+
+
+cdef inline bint _due() noexcept nogil:
+    """Over the memory limit, or past the deadline: the recordings want attention."""
+    cdef timespec ts
+    if _used > _limit and not _hold:
+        return True
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + 1e-9 * ts.tv_nsec >= _deadline
 
 
 def set_memory_in_use(nbytes):
@@ -344,7 +374,7 @@ cdef class StreamBuffer:
         self.trunc[n] = truncated and not terminated
         self.size = n + 1
         _used += BYTES_PER_EVENT
-        return _used > _limit
+        return _due()
 
     def append(self, kind, h_obs, h_act, h_rew, terminated, truncated):
         """Append one event. Returns True when the process is over its memory limit."""

@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import operator
 import struct
+import time
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from . import _schema as S
 
 IMPLEMENTATION = "python"
 
-_BUDGET = {"limit": S.DEFAULT_MEMORY_LIMIT, "used": 0}
+_BUDGET = {"limit": S.DEFAULT_MEMORY_LIMIT, "used": 0, "deadline": float("inf"), "hold": False}
 
 
 def set_memory_limit(nbytes):
@@ -44,7 +45,28 @@ def memory_in_use():
 def account(nbytes):
     """Count ``nbytes`` more (or fewer) of recorded data; True when over the limit."""
     _BUDGET["used"] = max(0, _BUDGET["used"] + int(nbytes))
-    return _BUDGET["used"] > _BUDGET["limit"]
+    return _due()
+
+
+def set_deadline(when, hold=False):
+    """Make recording calls report True from ``when`` (time.monotonic() seconds) on.
+
+    With ``hold``, being over the memory limit does not count until then: a spill
+    failed, and the next try waits for the deadline.
+    """
+    _BUDGET["deadline"] = float(when)
+    _BUDGET["hold"] = bool(hold)
+
+
+def deadline():
+    return _BUDGET["deadline"]
+
+
+def _due():
+    """Over the memory limit, or past the deadline: the recordings want attention."""
+    if _BUDGET["used"] > _BUDGET["limit"] and not _BUDGET["hold"]:
+        return True
+    return time.monotonic() >= _BUDGET["deadline"]
 
 
 def set_memory_in_use(nbytes):
@@ -221,7 +243,7 @@ class StreamBuffer:
         c["truncated"][n] = bool(truncated) and not bool(terminated)
         self._size = n + 1
         _BUDGET["used"] += S.BYTES_PER_EVENT
-        return _BUDGET["used"] > _BUDGET["limit"]
+        return _due()
 
     def columns(self):
         """Copies of the recorded columns, keyed by column name."""

@@ -6,7 +6,10 @@ facts for readers in other languages.
 """
 
 FORMAT_NAME = "stepledger"
-FORMAT_VERSION = 1
+# 2: each file says which run and which writer it belongs to and how it ended (the
+# META_* keys below), and merged spill segments cover a range (META_THROUGH).
+# Version 1 files, which have none of these, are read as before.
+FORMAT_VERSION = 2
 
 # Event kinds, stored in the ``kind`` column.
 KIND_RESET = 0
@@ -69,10 +72,46 @@ INVALID_MESSAGE = b"\x00invalid"  # a value that cannot be cast to its space
 # The action and reward fields of a reset event hold this.
 NO_DIGEST = 0
 
+# Meta keys that describe one file of a recording, not the recording's settings: two
+# env ledgers of one run agree on everything else.
+META_RUN = "run"            # the run: the trainer ledger's writer id, handed to the env side
+META_WRITER = "writer"      # this recording's own id (16 hex digits)
+META_STARTED = "started"    # when the recording began (Unix time, seconds)
+META_UPDATED = "updated"    # when this file was written (Unix time, seconds)
+META_STATE = "state"        # how the recording had ended when this file was written: STATES
+META_HOST = "host"          # the writer's host name
+META_PID = "pid"            # the writer's process id
+META_POSITION = "position"  # env side: its position in the trainer's vector env, as the trainer told it
+META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
+META_THROUGH = "through"    # merged spill segments: the last segment number it holds
+PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
+                 META_POSITION, META_SEGMENT, META_THROUGH)
+
+# How a recording had ended when a file of it was written (META_STATE).
+STATE_OPEN = "open"                # still recording: written by a periodic spill, flush() or a merge
+STATE_CLOSED = "closed"            # close() after a run with no exception out of a step or reset
+STATE_INTERRUPTED = "interrupted"  # closed after an exception (Ctrl-C, an error) escaped a step or reset
+STATE_EXIT = "exit"                # written as its process exited without close()
+STATE_SIGNAL = "signal"            # written when its process got SIGTERM
+STATES = (STATE_OPEN, STATE_CLOSED, STATE_INTERRUPTED, STATE_EXIT, STATE_SIGNAL)
+
+# Files next to a ledger while it is written (the reader never reads them as ledgers).
+TMP_INFIX = ".tmp-"        # NAME.tmp-{pid}-{random}: a write in progress, or cut short
+LOCK_SUFFIX = ".lock"      # NAME.lock: the process recording NAME (JSON: pid, host, writer)
+DUPLICATE_INFIX = ".dup-"  # env-3.dup-{writer}.npz: a second recording of env-3.npz at the same time
+
+# The attribute through which the trainer side tells each env-side ledger its run and its
+# position in the vector env (the vector env's set_attr, or SB3's env_method).
+LINK_ATTR = "stepledger_link"
+
 # Environment variables.
 ENV_PUREPYTHON = "STEPLEDGER_PUREPYTHON"
 ENV_MEMORY_LIMIT = "STEPLEDGER_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+# Seconds between periodic spills: a process killed with SIGKILL loses at most the events
+# of its last interval (while it steps) plus the time of one write.
+ENV_FLUSH_INTERVAL = "STEPLEDGER_FLUSH_INTERVAL"
+DEFAULT_FLUSH_INTERVAL = 5.0
 
 # Live mode: the token LedgerEnv(live=True) attaches to each event's info.
 # Little-endian: version u8, env index u32, event counter u64, episode i64,
@@ -117,7 +156,17 @@ META_KEYS = (
     MetaKey("keep_values", "bool"),
     MetaKey("version", "str"),
     MetaKey("autoreset_mode", "str", required=()),  # trainer side; the values are vector.py's
-    MetaKey("segment", "int", required=(), minimum=0),
+    MetaKey(META_SEGMENT, "int", required=(), minimum=0),
+    # format version 2: which run and writer a file is of, and how its recording had ended
+    MetaKey(META_RUN, "run", required=()),
+    MetaKey(META_WRITER, "str", required=()),
+    MetaKey(META_STARTED, "number", required=()),
+    MetaKey(META_UPDATED, "number", required=()),
+    MetaKey(META_STATE, "str", required=(), values=STATES),
+    MetaKey(META_HOST, "str", required=()),
+    MetaKey(META_PID, "int", required=(), minimum=0),
+    MetaKey(META_POSITION, "int", required=(), minimum=0),
+    MetaKey(META_THROUGH, "int", required=(), minimum=0),
 )
 META = {key.name: key for key in META_KEYS}
 
@@ -157,6 +206,7 @@ def _json_type(x):
 
 _TYPE_CHECKS = {
     "str": (lambda x: isinstance(x, str), "a string"),
+    "run": (lambda x: x is None or isinstance(x, str), "a string or null"),
     "int": (_is_int, "an integer"),
     "bool": (lambda x: isinstance(x, bool), "true or false"),
     "number": (lambda x: _is_number(x) and not isinstance(x, bool), "a number"),

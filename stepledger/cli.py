@@ -74,6 +74,7 @@ def _compare(args):
 def _show(args):
     import numpy as np
 
+    from .read import leftovers as leftover_files
     from .read import read
     with read(args.path) as ledger:
         streams = []
@@ -84,9 +85,11 @@ def _show(args):
                 n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
             streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
         leftovers = _leftover_stages(ledger.path)
+        left = leftover_files(args.path)
         if args.json:
             print(_jsonout.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
-                                  "streams": streams, "leftover_stages": leftovers[0]}))
+                                  "streams": streams, "leftover_stages": leftovers[0],
+                                  "leftovers": [{"name": n, "why": w} for n, w in left]}))
             return EXIT_OK
         print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
                                  if ledger.partial else ""))
@@ -97,6 +100,10 @@ def _show(args):
             print("  env %d: %d events, %d episodes started, %d steps" % (s["env"], s["events"], s["episodes"], s["steps"]))
         for line in leftovers[1]:
             print(line)
+        for name, why in left:
+            print("  not a ledger: %s (%s)" % (name, why))
+        for name, why in getattr(ledger, "skipped", []):
+            print("  not read: %s %s" % (name, why))
     return EXIT_OK
 
 

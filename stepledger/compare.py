@@ -6,6 +6,9 @@ streams at their first difference unless every difference is to be counted.
 """
 
 import json
+import os
+import socket
+import time
 
 import numpy as np
 
@@ -15,7 +18,7 @@ from . import core
 from . import wording
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
-from .read import read
+from .read import read, read_ledger
 from .spaces import GraphValue, digest_signature, is_variable_description, leaf_names, unflatten
 
 _HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
@@ -117,13 +120,16 @@ class Report:
     report, one line per differing env, then ``N of M envs differ``.
     """
 
-    def __init__(self, envs, differences, partial, values_hint, count_all):
+    def __init__(self, envs, differences, partial, values_hint, count_all, notes=()):
         self.envs = envs
         self.differences = differences
         self.partial = partial  # {"env": bool, "trainer": bool}
         self.values_hint = values_hint
         self.count_all = count_all
         self.hints = []  # lines that name a likely cause (stepledger.wording), after the notes
+        # Lines that are not differences: streams that end at different points in a run that
+        # did not end cleanly, ledgers of other runs left out, ledgers still being written.
+        self.notes = list(notes)
 
     @property
     def ok(self):
@@ -145,10 +151,7 @@ class Report:
                                % (d.env, counts or "none of the compared fields"))
                     out += ["env %d: %s" % (d.env, text) for text in d.patterns]
         out.append("%d of %d envs differ" % (len(self.differences), len(self.envs)))
-        for side in ("env", "trainer"):
-            if self.partial.get(side):
-                out.append("note: the %s ledger is partial: its process stopped before writing it, so it "
-                           "was read from its spilled segments" % side)
+        out.extend(self.notes)
         if self.values_hint:
             out.append(_HINT)
         out += self.hints
@@ -163,7 +166,7 @@ class Report:
     def to_dict(self):
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
                 "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
-                "values_hint": self.values_hint, "hints": list(self.hints)}
+                "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes)}
 
     def to_json(self):
         return _jsonout.dumps(self.to_dict())
@@ -191,7 +194,7 @@ def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
         raise LedgerError("%s: not an env-side ledger (side %r)" % (env_path, env_meta.get("side")))
     if trainer_meta.get("side") != "trainer":
         raise LedgerError("%s: not a trainer-side ledger (side %r)" % (trainer_path, trainer_meta.get("side")))
-    if env_meta.get("format_version") != trainer_meta.get("format_version"):
+    if _digest_format(env_meta.get("format_version")) != _digest_format(trainer_meta.get("format_version")):
         raise LedgerError("the two sides use different format versions (env %s, trainer %s)"
                           % (env_meta.get("format_version"), trainer_meta.get("format_version")))
     msg = settings_difference(env_meta, trainer_meta)
@@ -210,6 +213,128 @@ def settings_difference(env_meta, trainer_meta):
         if (digest_signature(a) != digest_signature(b)) if key != "reward_dtype" else a != b:
             return wording.different_settings(key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
     return None
+
+
+def _digest_format(version):
+    """Versions whose events compare: 1 and 2 differ only in meta keys that say which run a file is of."""
+    return 1 if version in (1, 2) else version
+
+
+# ---------------------------------------------------------------- runs and how they ended
+
+# Clocks of two machines differ a little: times closer than this are taken to overlap.
+CLOCK_SLACK = 2.0
+
+
+def _when(t):
+    """A Unix time as the report prints it: the time of day, and the date unless it is today."""
+    local = time.localtime(t)
+    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", local)
+    return time.strftime("%Y-%m-%d %H:%M:%S", local)
+
+
+def other_run(env_meta, trainer_meta):
+    """Why an env ledger is not of the trainer ledger's run, or None if it is (or cannot be told).
+
+    Both carry a run id when the trainer side could reach the env side (through
+    the vector env's set_attr, or SB3's env_method): they must be equal. Where
+    the env side never heard from the trainer (a bridge, another machine), the
+    two recordings must overlap in time.
+    """
+    er, tr = env_meta.get(S.META_RUN), trainer_meta.get(S.META_RUN)
+    if er and tr:
+        if er == tr:
+            return None
+        written = env_meta.get(S.META_UPDATED)
+        return "is from another run (run %s%s; this trainer ledger is run %s)" % (
+            er, ", written %s" % _when(written) if isinstance(written, (int, float)) else "", tr)
+    e_started, e_updated = env_meta.get(S.META_STARTED), env_meta.get(S.META_UPDATED)
+    t_started, t_updated = trainer_meta.get(S.META_STARTED), trainer_meta.get(S.META_UPDATED)
+    if not all(isinstance(t, (int, float)) for t in (e_started, e_updated, t_started, t_updated)):
+        return None  # format version 1: no times to go by
+    if e_updated < t_started - CLOCK_SLACK:
+        return "is from another run (written %s, before this trainer ledger began at %s)" % (
+            _when(e_updated), _when(t_started))
+    if trainer_meta.get(S.META_STATE) != S.STATE_OPEN and e_started > t_updated + CLOCK_SLACK:
+        return "is from another run (begun %s, after this trainer ledger ended at %s)" % (
+            _when(e_started), _when(t_updated))
+    return None
+
+
+def _closed(meta):
+    """Closed cleanly: close() after a run no exception interrupted. Version 1 files count as closed."""
+    return meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED
+
+
+def _writer_alive(meta):
+    pid = meta.get(S.META_PID)
+    if meta.get(S.META_HOST) != socket.gethostname() or not isinstance(pid, int):
+        return None  # another machine: cannot tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def how_it_ended(meta):
+    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
+    state = meta.get(S.META_STATE, S.STATE_CLOSED)
+    if state == S.STATE_OPEN:
+        alive = _writer_alive(meta)
+        if alive:
+            return "in progress"
+        if alive is False:
+            return "not closed (its process is gone)"
+        return "not closed"
+    return {S.STATE_INTERRUPTED: "interrupted (an exception escaped a step or reset)",
+            S.STATE_EXIT: "written as its process exited without close()",
+            S.STATE_SIGNAL: "written when its process got SIGTERM"}.get(state)
+
+
+def _ledger_note(name, meta, events):
+    """One line for a ledger that was not closed cleanly: how it ended, when it was last written, how much."""
+    ended = how_it_ended(meta)
+    if ended is None:
+        return None
+    updated = meta.get(S.META_UPDATED)
+    when = ", last written %s" % _when(updated) if isinstance(updated, (int, float)) else ""
+    return "%s: %s%s, %s events so far" % (name, ended, when, f"{events:,}")
+
+
+def _env_notes(env_ledger, env_dir):
+    """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
+    groups = {}
+    for idx, stream in env_ledger.streams.items():
+        ended = how_it_ended(stream.meta)
+        if ended is not None:
+            groups.setdefault(ended, []).append(idx)
+    lines = []
+    for ended, idxs in sorted(groups.items()):
+        names = ", ".join("env-%d.npz" % i for i in idxs[:4]) + (" and %d more" % (len(idxs) - 4)
+                                                                  if len(idxs) > 4 else "")
+        lines.append("%s: %s %s" % (env_dir, names, ended))
+    return lines
+
+
+def _ends_note(env_id, es, ts):
+    """The line for streams that agree as far as both go, in a run that did not end cleanly."""
+    n_env, n_tr = len(es), len(ts)
+    if n_env < n_tr:
+        which, gap = "env", n_tr - n_env
+    else:
+        which, gap = "trainer", n_env - n_tr
+    why = []
+    for side, meta in (("env", es.meta), ("trainer", ts.meta)):
+        ended = how_it_ended(meta)
+        if ended is not None:
+            why.append("the %s ledger %s %s" % (side, "is" if ended == "in progress" else "was", ended))
+    return ("env %d: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
+            "the %d events both sides have agree" % (env_id, which, gap, "" if gap == 1 else "s", "; ".join(why),
+                                                     min(n_env, n_tr)))
 
 
 # ---------------------------------------------------------------- values
@@ -527,21 +652,45 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
 
     Returns a Report (truthy when the two agree). Raises LedgerError when they
     cannot be compared: a missing or unreadable ledger, the two sides given
-    in the wrong order, or different reward dtypes, spaces or format versions.
+    in the wrong order, or different reward dtypes, spaces or format versions,
+    or ledgers of two different runs.
     With ``count_all``, also counts per field the events that differ after
     the first, which tells a one-off fault from a systematic one. Either
     argument may be an fsspec URL (``s3://...``), read from a local copy.
     ``progress(done, total)``, if given, is called as the envs are compared.
+
+    Env ledgers of another run in ``env_dir`` are left out, with a line each.
+    Where a run did not end cleanly (Ctrl-C, a signal, no close(), or still
+    going), streams that agree as far as both go but end at different points
+    get a line of their own and are not a difference.
     """
-    env_ledger = read(env_dir)
     try:
         tr_ledger = read(trainer_file)
     except LedgerError:
-        env_ledger.close()
+        read(env_dir).close()  # the env side's error, if it has one, comes first, as the arguments do
         raise
     try:
+        accept = (lambda meta, name: other_run(meta, tr_ledger.meta)) if tr_ledger.side == "trainer" else None
+        env_ledger = read_ledger(env_dir, accept)
+    except LedgerError:
+        tr_ledger.close()
+        raise
+    try:
+        if not env_ledger.streams and env_ledger.skipped:
+            name, reason = env_ledger.skipped[0]
+            raise LedgerError("%s and the env ledgers in %s are from different runs (%s %s): nothing to compare"
+                              % (trainer_file, env_dir, name, reason))
         check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
         meta = env_ledger.meta
+        notes = ["%s %s: not compared" % (name, reason) for name, reason in env_ledger.skipped]
+        for name, idx, dup_meta in env_ledger.duplicates:
+            notes.append("%s and env-%d.npz both recorded env %d at the same time: two LedgerEnvs were given "
+                         "index=%d; %s was not compared" % (name, idx, idx, idx, name))
+        for idx, stream in env_ledger.streams.items():
+            position = stream.meta.get(S.META_POSITION)
+            if isinstance(position, int) and position != idx:
+                notes.append("env-%d.npz: its LedgerEnv is env %d of the trainer's vector env (the trainer side "
+                             "told it so): is index= each env's position in the vector env?" % (idx, position))
         envs = sorted(set(env_ledger.streams) | set(tr_ledger.streams))
         differences = []
         hint = False
@@ -558,6 +707,9 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                 d = _difference_at(e, es, ts, first, position, meta)
                 hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
             elif len(es) != len(ts):
+                if not (_closed(es.meta) and _closed(ts.meta)):
+                    notes.append(_ends_note(e, es, ts))  # the run ended badly: not a boundary fault
+                    continue
                 shared = min(len(es), len(ts))
                 pos = position if shared else (None, None)
                 d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
@@ -574,8 +726,11 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             differing = [d.env for d in differences]
             env_ledger.verify(differing)
             tr_ledger.verify(differing)
+        tr_note = _ledger_note(os.path.basename(str(trainer_file)) or str(trainer_file), tr_ledger.meta,
+                               tr_ledger.n_events())
+        notes += ([tr_note] if tr_note else []) + _env_notes(env_ledger, env_dir)
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
-        report = Report(envs, differences, partial, hint, count_all)
+        report = Report(envs, differences, partial, hint, count_all, notes)
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

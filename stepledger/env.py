@@ -10,9 +10,12 @@ import numpy as np
 from . import core
 from . import storage
 from . import wording
+from . import _schema as S
 from ._schema import SETTINGS_KEY, TOKEN_KEY
-from .recording import Recording, check_path, check_reward_dtype, spill_everything
+from .errors import LedgerError
 from .live import settings_message
+from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
+from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
 
 
@@ -29,8 +32,10 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     Each event is digested when it happens, so an env that reuses its arrays,
     or a vector env that edits returned values in place, cannot change the
     record. The ledger is written to ``directory/env-{index}.npz`` on
-    ``close()``, on ``flush()`` and at interpreter exit; past the process's
-    memory limit (64 MB by default) events spill to disk next to it.
+    ``close()``, on ``flush()``, on SIGTERM and when the process exits without
+    ``close()`` (worker processes too); every ``flush_interval`` seconds, and
+    past the process's memory limit (64 MB by default), events spill to disk
+    next to it, so that even a killed worker leaves its ledger.
 
     Example::
 
@@ -53,11 +58,16 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             ``"stepledger"``, for a trainer-side ledger with ``live=True`` to
             check as the run goes. With ``directory=None`` no file is written
             and memory stays constant.
+        flush_interval: seconds between periodic spills to disk (default 5,
+            or ``$STEPLEDGER_FLUSH_INTERVAL``): a process killed with SIGKILL
+            loses at most about this much of its record.
     """
 
-    def __init__(self, env, directory, index, reward_dtype=np.float32, keep_values=False, live=False):
+    def __init__(self, env, directory, index, reward_dtype=np.float32, keep_values=False, live=False,
+                 flush_interval=None):
         gym.utils.RecordConstructorArgs.__init__(self, directory=directory, index=index,
-                                                 reward_dtype=reward_dtype, keep_values=keep_values, live=live)
+                                                 reward_dtype=reward_dtype, keep_values=keep_values, live=live,
+                                                 flush_interval=flush_interval)
         gym.Wrapper.__init__(self, env)
         if directory is not None or not live:
             directory = check_path(directory, "LedgerEnv", "directory")
@@ -67,18 +77,24 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if keep_values and directory is None:
             raise ValueError("LedgerEnv: keep_values=True needs a directory to write the values to")
         dtype = check_reward_dtype(reward_dtype, "LedgerEnv")
+        interval = resolve_flush_interval(flush_interval, "LedgerEnv")
+        if directory is not None and not storage.is_remote(directory):
+            if os.path.splitext(directory)[1].lower() == ".npz" and not os.path.isdir(directory):
+                raise LedgerError("LedgerEnv: directory %r looks like a ledger file; give the directory the env "
+                                  "ledgers go to (LedgerEnv writes env-%d.npz inside it)" % (directory, index))
+            check_directory(directory, "LedgerEnv")
         obs_layout = LeafLayout(env.observation_space, "LedgerEnv: observation_space")
         act_layout = LeafLayout(env.action_space, "LedgerEnv: action_space")
         self.index = int(index)
         self.live = bool(live)
         if directory is None:
             # live check only: no file, and a buffer emptied at every event, so memory stays constant
-            self.ledger_path, self._recording = None, None
+            self._recording = None
             buffer = core.StreamBuffer(16)
         else:
-            self.ledger_path = storage.join(directory, "env-%d.npz" % int(index))  # a URL stays a URL
-            self._recording = Recording(self.ledger_path, "env", [self.index], obs_layout, act_layout,
-                                        dtype, keep_values)
+            path = storage.join(directory, "env-%d.npz" % int(index))  # a URL stays a URL
+            self._recording = Recording(path, "env", [self.index], obs_layout, act_layout, dtype, keep_values,
+                                        interval=interval, owner="LedgerEnv")
             buffer = self._recording.buffers[0]
         self._buffer = buffer
         self._started_ns, self._written = time.time_ns(), None  # to notice another writer of the same file
@@ -86,9 +102,43 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._rec = core.EventRecorder(buffer, obs_layout, act_layout, dtype == np.float32, keep)
         # sent once, with the first event's token, so that the trainer side can refuse other settings at once
         self._settings = settings_message(dtype.name, obs_layout, act_layout) if live else None
+        self._warned_position = False
+
+    @property
+    def ledger_path(self):
+        """Where the ledger is written (``env-N.dup-*.npz`` if another live process records env N)."""
+        return None if self._recording is None else self._recording.path
+
+    @property
+    def stepledger_link(self):
+        """(run, position): what the trainer-side ledger told this env (None until it does)."""
+        rec = self._recording
+        return None if rec is None or rec.run is None else (rec.run, rec.position)
+
+    @stepledger_link.setter
+    def stepledger_link(self, value):
+        # Set by the trainer side through the vector env's set_attr (or SB3's env_method):
+        # the run this ledger belongs to, and this env's position in the vector env.
+        try:
+            run, position = value
+            position = int(position)
+        except (TypeError, ValueError):
+            return
+        if position != self.index and not self._warned_position:
+            self._warned_position = True
+            warnings.warn("stepledger: LedgerEnv(index=%d) is env %d of the trainer's vector env; its ledger "
+                          "will not line up with the trainer's stream for env %d: give each env its position "
+                          "in the vector env as index=" % (self.index, position, self.index), RuntimeWarning,
+                          stacklevel=2)
+        if self._recording is not None:
+            self._recording.link(run, position)
 
     def reset(self, *, seed=None, options=None):
-        obs, info = self.env.reset(seed=seed, options=options)
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except BaseException:
+            self._interrupted()
+            raise
         try:
             over = self._rec.reset(obs)
         except Exception as exc:  # the env's reset never raises because of the ledger
@@ -103,7 +153,11 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # The action is noted as received, before the env sees it: an env that changes its
         # action array in place must not make the ledger disagree with what was sent.
         self._rec.take_action(action)
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+        except BaseException:  # Ctrl-C or an error inside the env: the run did not end cleanly
+            self._interrupted()
+            raise
         try:
             over = self._rec.step_taken(obs, reward, terminated, truncated)
         except Exception:
@@ -130,6 +184,10 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._buffer.clear()
         return info
 
+    def _interrupted(self):
+        if self._recording is not None:
+            self._recording.interrupted = True
+
     def _failed(self, what, exc):
         warnings.warn("stepledger: LedgerEnv(index=%d) could not record a %s: %s" % (self.index, what, exc),
                       RuntimeWarning, stacklevel=3)
@@ -139,11 +197,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._recording is None:
             self._buffer.clear()
             return
-        try:
-            spill_everything()
-        except Exception as exc:  # e.g. a full disk: keep the events in memory, keep stepping
-            warnings.warn("stepledger: could not spill %s: %s" % (self.ledger_path, exc), RuntimeWarning,
-                          stacklevel=3)
+        attend()  # spills what is due; a failed write warns once and backs off, never raises
 
     def flush(self):
         """Write the ledger file now; recording goes on."""

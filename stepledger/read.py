@@ -2,8 +2,10 @@
 
 import fnmatch
 import glob
+import json
 import os
 import re
+import socket
 import tempfile
 
 import numpy as np
@@ -16,6 +18,7 @@ from ._fallback import decode_leaves
 from .spaces import digest_signature
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
+_DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
 
 
 class _Piece:
@@ -137,6 +140,8 @@ class Ledger:
         self.path, self.meta, self.streams, self.partial = path, meta, streams, partial
         self._files = files
         self._copy = None  # a URL's local copy: (TemporaryDirectory, local path, URL)
+        self.skipped = []     # env directory: (name, reason) of env ledgers left out (see read_ledger)
+        self.duplicates = []  # env directory: (name, env index, meta) of second recordings of an env
 
     @property
     def side(self):
@@ -187,6 +192,79 @@ def _segments(path):
     return sorted(glob.glob(os.path.join(directory, "seg-*.npz")))
 
 
+def _pid_state(pid, host):
+    if host not in (None, socket.gethostname()):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def leftovers(path):
+    """What lies next to the ledgers at ``path`` (a ledger file or a directory) and is not read as a ledger.
+
+    Temporary files of writes in progress or cut short (``NAME.tmp-PID-*``),
+    lock files (``NAME.lock``) and the spill segments of a ledger whose final
+    file is there: (name relative to the directory, why it is there). The next
+    writer of a ledger removes those its own killed predecessors left.
+    """
+    path = storage.local_path(os.fspath(path))
+    if storage.is_remote(path) or not os.path.exists(path):
+        return []
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    only = None if os.path.isdir(path) else os.path.basename(path)
+    out = []
+
+    def tmp_line(rel):
+        m = re.search(re.escape(S.TMP_INFIX) + r"(\d+)", rel)
+        alive = _pid_state(int(m.group(1)), None) if m else False
+        if alive:
+            return rel, "a write in progress (process %s)" % m.group(1)
+        return rel, "a write cut short (its process is gone): not a ledger; the next writer of this ledger removes it"
+
+    try:
+        entries = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if only is not None and not entry.startswith(only):
+            continue
+        full = os.path.join(directory, entry)
+        if S.TMP_INFIX in entry:
+            out.append(tmp_line(entry))
+        elif entry.endswith(S.LOCK_SUFFIX):
+            try:
+                with open(full) as f:
+                    holder = json.load(f)
+                pid, host = int(holder["pid"]), holder.get("host")
+            except (OSError, ValueError, KeyError, TypeError):
+                out.append((entry, "a lock file that cannot be read"))
+                continue
+            alive = _pid_state(pid, host)
+            name = entry[: -len(S.LOCK_SUFFIX)]
+            if alive:
+                out.append((entry, "process %d is recording %s" % (pid, name)))
+            elif alive is False:
+                out.append((entry, "left by process %d, which is gone; the next writer of %s takes it over"
+                            % (pid, name)))
+            else:
+                out.append((entry, "process %d on %s is recording %s, or was" % (pid, host, name)))
+        elif entry.endswith(".spill") and os.path.isdir(full):
+            final = full[: -len(".spill")]
+            for sub in sorted(os.listdir(full)):
+                rel = os.path.join(entry, sub)
+                if S.TMP_INFIX in sub:
+                    out.append(tmp_line(rel))
+                elif sub.startswith("seg-") and os.path.exists(final):
+                    out.append((rel, "a spill segment next to the final file %s: read in its place only if "
+                                     "it is of a later recording or holds more" % os.path.basename(final)))
+    return out
+
+
 def segment_from_file(path):
     """A spilled segment as a Segment of columns read on demand, and its open file.
 
@@ -211,14 +289,54 @@ def segment_from_file(path):
     return Segment(columns, values), lf
 
 
+def _covering(files):
+    """The segments of one writer that are current: a merged segment covers the ones it replaced."""
+    covered = set()
+    for lf in files:
+        first = lf.meta.get(S.META_SEGMENT)
+        through = lf.meta.get(S.META_THROUGH)
+        if isinstance(first, int) and isinstance(through, int):
+            covered.update(range(first + 1, through + 1))
+    keep, drop = [], []
+    for lf in files:
+        (drop if lf.meta.get(S.META_SEGMENT) in covered else keep).append(lf)
+    return keep, drop
+
+
+def _newest_writer(files):
+    """Files of the recording that began last (an earlier run's left-overs lose); v1 files have no writer."""
+    by_writer = {}
+    for lf in files:
+        by_writer.setdefault(lf.meta.get(S.META_WRITER), []).append(lf)
+    if len(by_writer) == 1:
+        return files, []
+    newest = max(by_writer, key=lambda w: (by_writer[w][0].meta.get(S.META_STARTED) or 0, w or ""))
+    keep = by_writer.pop(newest)
+    return keep, [lf for group in by_writer.values() for lf in group]
+
+
 def _read_one(path):
-    """Files of one ledger path: the final file, or its spilled segments if they hold more."""
+    """Files of one ledger path: the final file, or its spilled segments if they are this run's and hold more."""
     seg_paths = _segments(path)
     final = LedgerFile(path) if os.path.exists(path) else None
     if seg_paths:
         segs = [LedgerFile(p) for p in seg_paths]
+        segs, stale = _newest_writer(segs)
+        segs, covered = _covering(segs)
+        for lf in stale + covered:
+            lf.close()
         seg_events = sum(int(lf.offsets[-1]) for lf in segs)
-        if final is None or seg_events > int(final.offsets[-1]):
+        use_segments = final is None
+        if final is not None:
+            fw, sw = final.meta.get(S.META_WRITER), segs[0].meta.get(S.META_WRITER)
+            if fw is not None and sw is not None and fw != sw:
+                # two recordings: the one that began last is this path's ledger now
+                use_segments = (segs[0].meta.get(S.META_STARTED) or 0) > (final.meta.get(S.META_STARTED) or 0)
+            else:
+                # one recording: its segments and the events it held in memory are always the whole
+                # stream, and a final file written before later spills holds fewer
+                use_segments = seg_events > int(final.offsets[-1])
+        if use_segments:
             if final is not None:
                 final.close()
             return segs, True
@@ -230,9 +348,10 @@ def _read_one(path):
 
 
 def _meta_key(meta):
-    """The settings that must agree between ledgers read together: spaces only by what their
-    values are digested over (sub-envs may differ in Box bounds, as observation_mode="different" allows)."""
-    key = {k: v for k, v in meta.items() if k not in ("segment",)}
+    """A file's settings: what two files of one ledger, or two env ledgers of one run, agree on. Spaces
+    only by what their values are digested over (sub-envs may differ in Box bounds, as
+    observation_mode="different" allows); not what names the file (writer, run, times: PER_FILE_META)."""
+    key = {k: v for k, v in meta.items() if k not in S.PER_FILE_META}
     for name in ("observation_space", "action_space"):
         if name in key:
             key[name] = digest_signature(key[name])
@@ -246,15 +365,29 @@ def read(path):
     from its spilled segments, with ``partial`` set. Raises LedgerError with a
     one-line message on anything that is not a readable ledger.
     """
+    return read_ledger(path)
+
+
+def read_ledger(path, accept=None):
+    """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
+
+    ``accept`` returns None to read a file, or the reason it is left out (it is
+    then in ``ledger.skipped`` as (name, reason), and its settings are not
+    checked against the others). Files ``env-N.dup-*.npz``, written by a second
+    recording of env N at the same time, are in ``ledger.duplicates`` as
+    (name, N, meta) when accepted, else skipped.
+    """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path):
-        return _read_url(path)
+        return _read_url(path, accept)
     if os.path.isdir(path) and not path.endswith(".spill"):
-        names = set()
+        names, duplicates = set(), []
         for entry in os.listdir(path):
             m = _ENV_FILE.match(entry)
             if m:
                 names.add(entry)
+            elif _DUP_FILE.match(entry):
+                duplicates.append(entry)
             elif entry.endswith(".npz.spill") and _ENV_FILE.match(entry[:-6]) \
                     and _segments(os.path.join(path, entry[:-6])):
                 # an env killed before writing its ledger; one killed before its
@@ -262,9 +395,14 @@ def read(path):
                 names.add(entry[:-6])
         if not names:
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
-        files, streams, meta, partial = [], {}, None, False
+        files, streams, meta, partial, skipped, dups = [], {}, None, False, [], []
         for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
             sub = _read_file(os.path.join(path, name))
+            reason = accept(sub.meta, name) if accept else None
+            if reason:
+                skipped.append((name, reason))
+                sub.close()
+                continue
             files += sub._files
             partial |= sub.partial
             if meta is None:
@@ -276,14 +414,31 @@ def read(path):
                 if idx in streams:
                     raise LedgerError("%s: env %d appears in more than one file" % (path, idx))
                 streams[idx] = stream
-        return Ledger(path, meta, dict(sorted(streams.items())), partial, files)
+        for name in sorted(duplicates):
+            try:
+                with _read_file(os.path.join(path, name)) as sub:
+                    dup_meta = dict(sub.meta)
+            except LedgerError:
+                continue  # a second recording cut short: nothing to name
+            reason = accept(dup_meta, name) if accept else None
+            if reason:
+                skipped.append((name, reason))
+            else:
+                dups.append((name, int(_DUP_FILE.match(name).group(1)), dup_meta))
+        if meta is None:
+            ledger = Ledger(path, {}, {}, False, [])
+        else:
+            ledger = Ledger(path, meta, dict(sorted(streams.items())), partial, files)
+        ledger.skipped, ledger.duplicates = skipped, dups
+        return ledger
     return _read_file(path)
 
 
 def _read_file(path):
     files, partial = _read_one(path)
-    meta = dict(files[0].meta)
-    meta.pop("segment", None)
+    meta = dict(files[-1].meta)  # the newest file says how far the recording got and which run it is
+    meta.pop(S.META_SEGMENT, None)
+    meta.pop(S.META_THROUGH, None)
     pieces = {}
     for lf in files:
         if _meta_key(lf.meta) != _meta_key(files[0].meta):
@@ -294,7 +449,7 @@ def _read_file(path):
     return Ledger(path, meta, streams, partial, files)
 
 
-def _read_url(url):
+def _read_url(url, accept=None):
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
     The copy is removed when the Ledger is closed. Error messages name the URL.
@@ -310,7 +465,7 @@ def _read_url(url):
             os.makedirs(local)
             copies = []  # fetched together: object stores download them concurrently
             for name in storage.listdir(url):
-                if _ENV_FILE.match(name):
+                if _ENV_FILE.match(name) or _DUP_FILE.match(name):
                     copies.append((storage.join(url, name), os.path.join(local, name)))
                 elif name.endswith(".npz.spill") and _ENV_FILE.match(name[:-6]):
                     copies += _segment_copies(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
@@ -319,7 +474,7 @@ def _read_url(url):
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
             storage.fetch(url, local)
             storage.fetch_all(_segment_copies(url, local))
-        ledger = read(local)
+        ledger = read_ledger(local, accept)
     except LedgerError as exc:
         tmp.cleanup()
         raise type(exc)(str(exc).replace(local, url)) from None

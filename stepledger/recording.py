@@ -1,15 +1,47 @@
 """A ledger while it is being recorded: buffers, kept values, spills, the final file.
 
 Shared by the env side (one stream) and the trainer side (one stream per env).
-It owns what must survive the process: spill segments are written when the
-process goes over its memory limit, and the final file on ``write()``,
-``close()`` and at interpreter exit. It never writes a ledger with no events.
+It owns what must survive the process, however the process ends:
+
+- Every few seconds (``flush_interval``, 5 s by default) and whenever the
+  process goes over its memory limit, the events in memory are written to a
+  new spill segment (``PATH.spill/seg-*.npz``). The core signals both: a
+  recording call returns True, and the wrapper calls ``attend()``. Small
+  segments are merged eight at a time (up to 32 MB), so that a long run keeps
+  few files and each event is rewritten a few times at most.
+- ``close()`` writes the final file and removes the segments; ``flush()``
+  writes the final file and goes on recording.
+- A process that exits without ``close()`` writes its ledgers from an atexit
+  handler and from a ``multiprocessing.util.Finalize`` callback: worker
+  processes leave through ``os._exit``, which skips atexit but not those.
+- SIGTERM writes every ledger of the process, then gets its usual effect (the
+  previous handler, or death by SIGTERM). A SIGTERM that arrives during a
+  write is acted on when the write is done.
+- SIGKILL leaves the last segments: everything up to one interval before the
+  kill, while the process was stepping.
+
+A write that fails (a full disk, a lost mount) warns once, naming the ledger,
+keeps the events in memory and is retried with a growing back-off, so that a
+step never pays for a write that cannot succeed. Every file records its run,
+its writer and how the recording had ended (the ``META_*`` keys of _schema.py),
+so that compare pairs only files of one run and knows an interrupted run from a
+boundary fault. It never writes a ledger with no events.
 """
 
 import atexit
+import contextlib
 import glob
+import json
+import math
+import multiprocessing.util as mp_util
 import os
+import re
+import signal
+import socket
+import tempfile
 import threading
+import time
+import uuid
 import warnings
 
 import numpy as np
@@ -19,20 +51,125 @@ from . import core
 from . import storage
 from .__about__ import __version__
 from ._fallback import encode_leaves
+from .errors import LedgerError
 from .ledgerfile import Segment, spill_dir, values_member, write_ledger
 from .uploader import RemoteLedger
 
-_OPEN = {}  # id -> Recording, for the exit handler; strong refs so nothing is lost to GC
+_OPEN = {}  # id -> Recording, for the exit handlers; strong refs so nothing is lost to GC
 _LOCK = threading.Lock()
+_HOST = socket.gethostname()
+_MERGE = 8  # segments of one size merged into one
+_MERGE_MAX_BYTES = 32 << 20  # but not into one larger than this: big segments are few already
+_RETRY = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds before retrying a failed write, then every minute
+_TMP = re.compile(re.escape(S.TMP_INFIX) + r"(\d+)")
+
+
+class _Process:
+    """This process's state: set up once per process (a forked child starts again)."""
+    pid = None
+    writing = 0            # writes under way (a SIGTERM then waits for them)
+    pending_signal = None  # a SIGTERM that arrived during a write
+    previous_sigterm = None
+
+
+def _mine():
+    pid = os.getpid()
+    return [rec for rec in list(_OPEN.values()) if rec.pid == pid and not rec.closed]
+
+
+def _close_all(state):
+    for rec in _mine():
+        try:
+            rec.close(state=state)
+        except Exception as exc:  # at exit or on a signal there is no caller to raise to
+            warnings.warn("stepledger could not write %s: %s" % (rec.path, exc), RuntimeWarning)
 
 
 def _close_all_at_exit():
-    for rec in list(_OPEN.values()):
-        if rec.pid == os.getpid():
+    _close_all(S.STATE_EXIT)
+
+
+def _on_sigterm(signum, frame):
+    if _Process.writing:
+        _Process.pending_signal = signum  # a write is under way: finish it, then act
+        return
+    _end_by_signal(signum, frame)
+
+
+def _end_by_signal(signum, frame):
+    previous = _Process.previous_sigterm
+    if callable(previous):
+        # The program handles SIGTERM itself and may go on: write the ledgers, keep recording.
+        for rec in _mine():
             try:
-                rec.close()
-            except Exception as exc:  # at exit there is no caller to raise to
-                warnings.warn("stepledger could not write %s at exit: %s" % (rec.path, exc))
+                rec.write(state=S.STATE_SIGNAL)
+            except Exception as exc:
+                warnings.warn("stepledger could not write %s on SIGTERM: %s" % (rec.path, exc), RuntimeWarning)
+        previous(signum, frame)
+        return
+    _close_all(S.STATE_SIGNAL)
+    _end_daemonic_children()
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except ValueError:  # not the main thread: the default action is all that is left
+        pass
+    os.kill(os.getpid(), signum)
+
+
+def _end_daemonic_children(timeout=30.0):
+    """Terminate this process's daemonic children (vector env workers), as Python does at any exit.
+
+    Death by SIGTERM skips multiprocessing's exit handler, which would have done
+    it: SB3's workers would then wait forever on pipes their siblings hold open.
+    Terminated, each writes its own ledgers (its SIGTERM handler) before it goes.
+    """
+    import multiprocessing
+    try:
+        children = [p for p in multiprocessing.active_children() if p.daemon]
+    except Exception:
+        return
+    for p in children:
+        try:
+            p.terminate()
+        except Exception:
+            pass
+    deadline = time.monotonic() + timeout
+    for p in children:
+        try:
+            p.join(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            pass
+
+
+@contextlib.contextmanager
+def _writing():
+    _Process.writing += 1
+    try:
+        yield
+    finally:
+        _Process.writing -= 1
+        if _Process.writing == 0 and _Process.pending_signal is not None:
+            signum, _Process.pending_signal = _Process.pending_signal, None
+            _end_by_signal(signum, None)
+
+
+def _hook_process():
+    """Exit handlers for this process, once: a Finalize for worker processes, SIGTERM for all."""
+    pid = os.getpid()
+    if _Process.pid == pid:
+        return
+    _Process.pid = pid
+    mp_util.Finalize(None, _close_all_at_exit, exitpriority=100)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is _on_sigterm or previous is None or previous == signal.SIG_IGN:
+            return  # ours already (inherited through fork), set outside Python, or ignored on purpose
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _Process.previous_sigterm = previous
+    except (ValueError, OSError):
+        pass
 
 
 def _forget_parent_recordings():
@@ -42,6 +179,8 @@ def _forget_parent_recordings():
         if rec.pid != os.getpid():
             _OPEN.pop(key, None)
     core.set_memory_in_use(0)
+    core.set_deadline(math.inf)
+    _Process.writing, _Process.pending_signal = 0, None
 
 
 atexit.register(_close_all_at_exit)
@@ -49,15 +188,59 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_recordings)
 
 
-def spill_everything():
-    """Spill every recording of this process to disk: the memory limit was reached."""
-    for rec in list(_OPEN.values()):
-        if rec.pid == os.getpid():
-            rec.spill()
+def attend():
+    """A recording call returned True: spill what is due (memory over its limit, or an interval past).
+
+    Called by the wrappers on their step path; never raises.
+    """
+    now = time.monotonic()
+    over = core.memory_in_use() > core.memory_limit()
+    mine = _mine()
+    for rec in mine:
+        if now >= rec.retry_at and (over or now >= rec.due):
+            rec.tick(now)
     if core.memory_in_use() > core.memory_limit():
         # Buffers not owned by any open recording (closed, or inherited): do not
         # count them, or every later event would spill again.
-        core.set_memory_in_use(sum(rec.nbytes for rec in _OPEN.values() if rec.pid == os.getpid()))
+        core.set_memory_in_use(sum(rec.nbytes for rec in mine))
+    _reschedule()
+
+
+def spill_everything():
+    """Spill every recording of this process now (what attend() does when memory is over)."""
+    mine = _mine()
+    for rec in mine:
+        rec.spill()
+    if core.memory_in_use() > core.memory_limit():
+        core.set_memory_in_use(sum(rec.nbytes for rec in mine))  # as attend() does
+    _reschedule()
+
+
+def _reschedule():
+    """Tell the core when the recordings of this process next want attention."""
+    mine = _mine()
+    if not mine:
+        core.set_deadline(math.inf)
+        return
+    now = time.monotonic()
+    backing_off = [rec.retry_at for rec in mine if rec.retry_at > now]
+    core.set_deadline(min(max(rec.due, rec.retry_at) for rec in mine), hold=bool(backing_off))
+
+
+def flush_interval(value, owner):
+    """Seconds between periodic spills: ``value``, else $STEPLEDGER_FLUSH_INTERVAL, else the default."""
+    if value is None:
+        text = os.environ.get(S.ENV_FLUSH_INTERVAL)
+        if not text:
+            return S.DEFAULT_FLUSH_INTERVAL
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("%s: %s must be a number of seconds, got %r" % (owner, S.ENV_FLUSH_INTERVAL, text)) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
+        raise ValueError("%s: flush_interval must be a positive number of seconds (math.inf: only on memory "
+                         "and at the end), got %r" % (owner, value))
+    return float(value)
 
 
 class ValueStore:
@@ -160,10 +343,22 @@ class ValueStore:
         self._empty()
 
 
+class _SegmentFile:
+    """A spill segment this recording wrote: segment numbers [first, last], its merge level."""
+
+    def __init__(self, first, last, level, path, local):
+        self.first, self.last, self.level, self.path, self.local = first, last, level, path, local
+
+
+def segment_name(first):
+    return "seg-%06d.npz" % first
+
+
 class Recording:
     """The streams of one ledger file while they are recorded."""
 
-    def __init__(self, path, side, stream_ids, obs_layout, act_layout, reward_dtype, keep_values, extra_meta=None):
+    def __init__(self, path, side, stream_ids, obs_layout, act_layout, reward_dtype, keep_values, extra_meta=None,
+                 interval=S.DEFAULT_FLUSH_INTERVAL, owner="stepledger"):
         self.path = os.fspath(path)
         # A URL other than file://: files are staged in a local directory, then uploaded (uploader.py).
         self.remote = storage.is_remote(self.path)
@@ -171,10 +366,12 @@ class Recording:
         if self.remote:
             _check_remote(self.path)
             # one-line errors now (no bucket, refused, unreachable); closed at exit while uploads can run
-            self._remote = RemoteLedger(self.path, on_exit=self.close)
+            self._remote = RemoteLedger(self.path, on_exit=lambda: self.close(S.STATE_EXIT))
+        self._flushes = 0
+        self.published = True  # False once the final file could not be uploaded (it is kept locally)
         self.side = side
+        self.owner = owner
         self.stream_ids = [int(i) for i in stream_ids]
-        self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
         self.obs_layout, self.act_layout = obs_layout, act_layout
         self.reward_dtype = np.dtype(reward_dtype)
         self.keep_values = bool(keep_values)
@@ -183,18 +380,105 @@ class Recording:
             for field, layout in (("obs", obs_layout), ("act", act_layout)):
                 for j, leaf in enumerate(layout.leaves):
                     self.value_members.append((values_member(field, j), leaf.dtype, leaf.shape, field, j))
-        self.values = [ValueStore(self.value_members) for _ in self.stream_ids] if self.keep_values else None
         self.extra_meta = dict(extra_meta or {})
-        self.segments = []  # paths of the spill segments this recording wrote, in order
-        self._segment_files = []  # the same segments as local files (their staged copies for a URL)
+        self.writer = uuid.uuid4().hex[:16]
+        self.run = self.writer if side == "trainer" else None  # the env side learns it from the trainer
+        self.position = None
+        self.started = time.time()
+        self.interrupted = False
         self.pid = os.getpid()
         self.closed = False
+        self.interval = float(interval)
+        self.due = time.monotonic() + self.interval
+        self.retry_at = 0.0
+        self._failures = 0
+        self._lock = threading.RLock()
+        self._thread = threading.get_ident()
+        self._segs = []  # _SegmentFile, in order
+        self._next_segment = 0
         self._written_events = 0
         self._spilled_events = 0
-        self._flushes = 0
-        self.published = True  # False once the final file could not be uploaded (it is kept locally)
+        self._cleaned = False
+        self._lock_path = None
+        if not self.remote:
+            self._check_path()
+        self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
+        self.values = [ValueStore(self.value_members) for _ in self.stream_ids] if self.keep_values else None
         with _LOCK:
             _OPEN[id(self)] = self
+        _hook_process()
+        _reschedule()
+
+    # ------------------------------------------------------------ claiming the path
+
+    def _check_path(self):
+        """At construction: the path can be written, and no other open recording of this process writes it."""
+        target = os.path.abspath(self.path)
+        for rec in _mine():
+            if rec is not self and not rec.remote and os.path.abspath(rec.path) == target:
+                raise LedgerError("%s: %s is already being recorded by another open ledger in this process; "
+                                  "give each env its own index= (or each trainer ledger its own path)"
+                                  % (self.owner, self.path))
+        check_writable(self.path, self.owner)
+
+    def _claim(self):
+        """Before the first write: claim the path with a lock file naming this process.
+
+        A claim held by another live process (two envs given the same index):
+        this one records to ``NAME.dup-{writer}.npz`` instead and warns, so that
+        nothing is overwritten and compare can name both. A claim left by a
+        process that is gone is taken over. Taken at the first write, not at
+        construction, so that a ledger that records nothing leaves nothing.
+        """
+        if self.remote or self._lock_path is not None:
+            return
+        for _ in range(5):
+            lock = self.path + S.LOCK_SUFFIX
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = _read_lock(lock)
+                if holder is not None and _alive(holder) and holder.get("writer") != self.writer:
+                    self._record_beside(holder)
+                    continue
+                try:
+                    os.unlink(lock)  # left by a process that is gone
+                except FileNotFoundError:
+                    pass
+                continue
+            except OSError as exc:
+                raise LedgerError("%s: cannot write in %s (%s)" % (self.owner, os.path.dirname(os.path.abspath(
+                    self.path)) or ".", exc.strerror or exc)) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump({"pid": self.pid, "host": _HOST, "writer": self.writer, "started": self.started}, f)
+            self._lock_path = lock
+            return
+        raise LedgerError("%s: could not claim %s (its lock file keeps changing)" % (self.owner, self.path))
+
+    def _record_beside(self, holder):
+        base, ext = os.path.splitext(self.path)
+        beside = "%s%s%s%s" % (base, S.DUPLICATE_INFIX, self.writer[:8], ext)
+        warnings.warn("stepledger: %s is being recorded by another process (pid %s) right now; this one records "
+                      "%s instead, and compare will name both: give each env its own index="
+                      % (self.path, holder.get("pid"), beside), RuntimeWarning, stacklevel=5)
+        self.path = beside
+
+    def _release_claim(self):
+        if self._lock_path is not None:
+            try:
+                os.unlink(self._lock_path)
+            except OSError:
+                pass
+            self._lock_path = None
+
+    # ------------------------------------------------------------ what the wrappers tell it
+
+    def link(self, run, position):
+        """The trainer side's run id and this env's position in its vector env (env side)."""
+        self.run = None if run is None else str(run)
+        self.position = None if position is None else int(position)
+
+    # ------------------------------------------------------------ state
 
     @property
     def nbytes(self):
@@ -203,10 +487,20 @@ class Recording:
             n += sum(v.nbytes() for v in self.values)
         return n
 
+    @property
+    def segments(self):
+        """The spill segment files on disk now (merged ones cover several spills), in order."""
+        return [s.path for s in self._segs]
+
+    @property
+    def spills(self):
+        """How many times this recording has spilled."""
+        return self._next_segment
+
     def n_events(self):
         return sum(len(b) for b in self.buffers) + self._spilled_events
 
-    def meta(self, segment=False):
+    def meta(self, state=S.STATE_OPEN, segment=None, through=None):
         meta = {
             "format": S.FORMAT_NAME,
             "format_version": S.FORMAT_VERSION,
@@ -216,20 +510,34 @@ class Recording:
             "action_space": self.act_layout.description,
             "version": __version__,
             "keep_values": self.keep_values,
+            S.META_RUN: self.run,
+            S.META_WRITER: self.writer,
+            S.META_STARTED: round(self.started, 3),
+            S.META_UPDATED: round(time.time(), 3),
+            S.META_STATE: state,
+            S.META_HOST: _HOST,
+            S.META_PID: self.pid,
         }
+        if self.position is not None:
+            meta[S.META_POSITION] = self.position
         meta.update(self.extra_meta)
-        if segment:
-            meta["segment"] = len(self.segments)
+        if segment is not None:
+            meta[S.META_SEGMENT] = segment
+            if through is not None and through != segment:
+                meta[S.META_THROUGH] = through
         return meta
 
     def _memory_segment(self):
-        """The events in memory, as views (valid until the buffers change)."""
+        """The events in memory, as views (valid until the buffers change); copies from another thread."""
+        copy = threading.get_ident() != self._thread  # the recording thread may append meanwhile
         columns, values = {}, {}
         for k, (s, buf) in enumerate(zip(self.stream_ids, self.buffers)):
-            columns[s] = buf.views()
+            views = buf.views()
+            columns[s] = {n: np.array(v) for n, v in views.items()} if copy else views
             if self.values:
                 store = self.values[k]
-                values[s] = store.segment_values()
+                kept = store.segment_values()
+                values[s] = {name: arr.copy() for name, arr in kept.items()} if copy else kept
         return Segment(columns, values)
 
     def _value_specs(self):
@@ -240,46 +548,114 @@ class Recording:
                 specs.append((S.ENCODED_MEMBER.format(field=field), np.uint8, None))
         return specs
 
+
+    # ------------------------------------------------------------ periodic work
+
+    def tick(self, now):
+        """Spill now (an interval passed or memory is over); on failure warn once and back off."""
+        try:
+            self.spill()
+        except Exception as exc:
+            if self._failures == 0:
+                warnings.warn("stepledger: cannot write the ledger %s (%s); its events stay in memory and the "
+                              "write is retried, less and less often" % (self.path, _short(exc)),
+                              RuntimeWarning, stacklevel=4)
+            self.retry_at = now + _RETRY[min(self._failures, len(_RETRY) - 1)]
+            self._failures += 1
+        else:
+            if self._failures:
+                warnings.warn("stepledger: the ledger %s is being written again" % self.path, RuntimeWarning,
+                              stacklevel=4)
+            self._failures, self.retry_at = 0, 0.0
+        self.due = now + self.interval
+
+    def _clean_leftovers(self):
+        """Before this recording first writes: remove what killed writers of this path left."""
+        if self._cleaned:
+            return
+        self._claim()
+        self._cleaned = True
+        if self.remote:
+            return
+        for tmp in glob.glob(glob.escape(self.path) + S.TMP_INFIX + "*") + \
+                glob.glob(os.path.join(glob.escape(spill_dir(self.path)), "*" + S.TMP_INFIX + "*")):
+            m = _TMP.search(tmp)
+            if m and int(m.group(1)) != self.pid and not _pid_alive(int(m.group(1))):
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
     def spill(self):
         """Write the events in memory to a new spill segment and free them."""
-        if self.closed or self.pid != os.getpid():
-            return
-        n = sum(len(b) for b in self.buffers)
-        if n == 0:
-            return
-        directory = spill_dir(self.path)
-        first = not self.segments
-        if first and not self.remote:
-            # An earlier run's pieces, and its final file unless this recording
-            # wrote it: if this process is killed, read() must find this run's
-            # segments, not an older run's ledger.
-            self._remove_stale_segments()
-            if self._written_events == 0 and os.path.exists(self.path):
-                os.unlink(self.path)
-        name = "seg-%06d.npz" % len(self.segments)
+        with self._lock, _writing():
+            if self.closed or self.pid != os.getpid():
+                return
+            n = sum(len(b) for b in self.buffers)
+            if n == 0:
+                self.due = time.monotonic() + self.interval  # nothing new: due again one interval on
+                return
+            self._clean_leftovers()
+            first = not self._segs
+            if first and not self.remote:
+                # An earlier run's pieces, and its final file unless this recording
+                # wrote it: if this process is killed, read() must find this run's
+                # segments, not an older run's ledger. (At a URL the uploader does it.)
+                self._remove_stale_segments()
+                if self._written_events == 0 and os.path.exists(self.path):
+                    os.unlink(self.path)
+            k = self._next_segment
+            path, local = self._write_segment(k, k, [self._memory_segment()],
+                                              before=self._remove_earlier_run if first else None)
+            # Only now, with the segment safely on disk, are the events let go of (and their pages given back).
+            for buf in self.buffers:
+                buf.release()
+            if self.values:
+                for store in self.values:
+                    store.clear()
+            self._segs.append(_SegmentFile(k, k, 0, path, local))
+            self._next_segment = k + 1
+            self._spilled_events += n
+            self.due = time.monotonic() + self.interval
+            self._merge()
+
+    def _write_segment(self, first, last, segments, before=None):
+        name = segment_name(first)
+        meta = self.meta(segment=first, through=last)
         if self.remote:
             # Staged locally, kept there to assemble the final file, and uploaded in the
             # background so that a reader finds this run's events on the storage even if the
             # process is killed; the step does not wait for the network. The earlier run's
             # pieces are removed first, in the same background job.
-            path, local = storage.join(directory, name), self._remote.stage_path(name)
-            write_ledger(local, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
-                         self._value_specs(), final=False)
-            self._remote.upload_segment(local, path, before=self._remove_earlier_run if first else None)
+            path, local = storage.join(spill_dir(self.path), name), self._remote.stage_path(name)
+            write_ledger(local, meta, self.stream_ids, segments, self._value_specs(), final=False)
+            self._remote.upload_segment(local, path, before=before)
         else:
-            os.makedirs(directory, exist_ok=True)
-            path = local = os.path.join(directory, name)
-            write_ledger(path, self.meta(segment=True), self.stream_ids, [self._memory_segment()],
-                         self._value_specs(), final=False)
-        # Only now, with the segment safely on disk, are the events let go of (and their pages given back).
-        for buf in self.buffers:
-            buf.release()
-        if self.values:
-            for store in self.values:
-                store.clear()
-        self.segments.append(path)
-        self._segment_files.append(local)
-        self._spilled_events += n
+            os.makedirs(spill_dir(self.path), exist_ok=True)
+            path = local = os.path.join(spill_dir(self.path), name)
+            write_ledger(path, meta, self.stream_ids, segments, self._value_specs(), final=False)
+        return path, local
+
+    def _merge(self):
+        """Merge the last _MERGE segments while they are of one size: few files, each event rewritten rarely."""
+        # Local ledgers only: at a URL each merge would be another upload of what is uploaded already.
+        while not self.remote and len(self._segs) >= _MERGE and len({s.level for s in self._segs[-_MERGE:]}) == 1:
+            group = self._segs[-_MERGE:]
+            if sum(_size(s.local) for s in group) > _MERGE_MAX_BYTES:
+                return
+            opened = [segment_from_file(s.local) for s in group]
+            try:
+                # Replaces the group's first file: a reader meanwhile sees either it alone, or the
+                # merged file, whose meta says which segments it covers, next to those it covers.
+                path, local = self._write_segment(group[0].first, group[-1].last, [seg for seg, _ in opened])
+            finally:
+                for _, handle in opened:
+                    handle.close()
+            for s in group[1:]:
+                _remove(s.path, self.remote)
+                if self.remote and s.local != s.path:
+                    _remove(s.local, False)
+            self._segs[-_MERGE:] = [_SegmentFile(group[0].first, group[-1].last, group[0].level + 1, path, local)]
 
     def _remove_earlier_run(self):
         """At a URL, before the first segment is uploaded: an earlier run's segments, and its final file
@@ -290,7 +666,7 @@ class Recording:
 
     def _unlink_segments(self):
         if self.remote:
-            if not self.segments:
+            if not self._segs:
                 return  # write() has just removed whatever an earlier run left in the spill directory
             # Everything in the spill directory: also segments of an earlier run that a failed
             # upload left there, which would otherwise be read in place of the final file.
@@ -301,15 +677,12 @@ class Recording:
             except Exception:
                 pass
             return
-        for p in self.segments:
-            try:
-                os.unlink(p)
-            except Exception:
-                pass
+        for s in self._segs:
+            _remove(s.path, False)
 
     def _remove_stale_segments(self):
         """Remove spill segments in this ledger's spill directory that this recording did not write."""
-        mine = set(self.segments)
+        mine = {s.path for s in self._segs}
         if self.remote:
             if not self._remote.earlier_segments:
                 return
@@ -318,91 +691,101 @@ class Recording:
             for name in storage.listdir(directory):
                 old = storage.join(directory, name)
                 if name.startswith("seg-") and old not in mine:
-                    try:
-                        storage.remove(old)
-                    except Exception:
-                        pass
+                    _remove(old, True)
             return
-        for old in glob.glob(os.path.join(spill_dir(self.path), "seg-*")):  # also writes cut short
+        for old in glob.glob(os.path.join(glob.escape(spill_dir(self.path)), "seg-*")):  # also writes cut short
             if old not in mine:
-                try:
-                    os.unlink(old)
-                except OSError:
-                    pass
+                _remove(old, False)
 
-    def write(self, wait=True):
+    # ------------------------------------------------------------ the final file
+
+    def write(self, state=S.STATE_OPEN, wait=True):
         """Write the final file from the spilled segments and the events in memory.
 
         Recording may go on; a later write replaces the file with a longer one.
-        A recording with no events writes nothing. At a URL the file is
-        uploaded before this returns, or with ``wait=False`` in the background
-        (a periodic flush); if the upload fails the file is kept on local disk
-        and a line says where (uploader.py), and ``self.published`` is False.
+        A recording with no events writes nothing. ``state`` goes in its meta:
+        how the recording had ended. At a URL the file is uploaded before this
+        returns, or with ``wait=False`` in the background (a periodic flush); if
+        the upload fails the file is kept on local disk and a line says where
+        (uploader.py), and ``self.published`` is False.
         """
-        if self.pid != os.getpid():
-            return 0
-        if self.n_events() == 0:
-            return 0
-        from .read import segment_from_file  # a spilled segment read back in chunks
-        opened = [segment_from_file(p) for p in self._segment_files]
-        try:
-            segments = [seg for seg, _ in opened] + [self._memory_segment()]
+        with self._lock, _writing():
+            if self.pid != os.getpid() or self.closed:
+                return 0
+            if self.n_events() == 0:
+                return 0
+            self._clean_leftovers()
+            opened = [segment_from_file(s.local) for s in self._segs]
+            try:
+                segments = [seg for seg, _ in opened] + [self._memory_segment()]
+                if self.remote:
+                    target = self._remote.stage_path("ledger.npz" if wait else "flush-%d.npz" % self._flushes)
+                    self._flushes += 1
+                else:
+                    target = self.path
+                try:
+                    total = write_ledger(target, self.meta(state), self.stream_ids, segments, self._value_specs())
+                except OSError as exc:
+                    raise LedgerError("%s: cannot write the ledger %s (%s)" % (self.owner, self.path, _short(exc))) \
+                        from None
+            finally:
+                for _, handle in opened:
+                    handle.close()
             if self.remote:
-                local = self._remote.stage_path("ledger.npz" if wait else "flush-%d.npz" % self._flushes)
-                self._flushes += 1
-                total = write_ledger(local, self.meta(), self.stream_ids, segments, self._value_specs())
-            else:
-                total = write_ledger(self.path, self.meta(), self.stream_ids, segments, self._value_specs())
-        finally:
-            for _, handle in opened:
-                handle.close()
-        if self.remote:
-            if wait:
-                self.published = self._remote.publish_final(local)
-            else:
-                self._remote.upload_segment(local, self.path, remove=True)
-        self._written_events = total
-        if not self.segments and (not self.remote or wait):
-            # Segments of an earlier run would hold more events than this file
-            # and be read in its place.
-            self._remove_stale_segments()
-        return total
+                if wait:
+                    self.published = self._remote.publish_final(target)
+                else:
+                    self._remote.upload_segment(target, self.path, remove=True)
+            self._written_events = total
+            if not self._segs and (not self.remote or wait):
+                # Segments of an earlier run would hold more events than this file
+                # and be read in its place.
+                self._remove_stale_segments()
+            return total
 
     def discard(self):
         """Drop everything recorded, writing nothing (benchmarks, aborted runs)."""
-        if self.pid != os.getpid():
-            return
-        if self.remote:
-            self._remote.stop()
-        self._unlink_segments()
-        self.segments = []
-        self._release()
-
-    def close(self):
-        """Write the final file, remove the spill segments and free the buffers."""
-        if self.closed or self.pid != os.getpid():
-            return
-        try:
+        with self._lock:
+            if self.pid != os.getpid():
+                return
             if self.remote:
-                self._remote.stop()  # the final file supersedes the segments still queued
-            self.write()
-            if not self.published:
-                return  # kept on local disk; the segments in storage stay, a partial ledger until it is pushed
+                self._remote.stop()
             self._unlink_segments()
-            if self.segments:
-                try:
-                    storage.rmdir(spill_dir(self.path)) if self.remote else os.rmdir(spill_dir(self.path))
-                except Exception:
-                    pass
-        finally:
+            self._segs = []
             self._release()
+
+    def close(self, state=None):
+        """Write the final file, remove the spill segments and free the buffers.
+
+        ``state`` says how the recording ended; by default closed, or interrupted
+        if an exception escaped a step or reset it recorded.
+        """
+        with self._lock:
+            if self.closed or self.pid != os.getpid():
+                return
+            if state is None or state == S.STATE_CLOSED:
+                state = S.STATE_INTERRUPTED if self.interrupted else S.STATE_CLOSED
+            try:
+                if self.remote:
+                    self._remote.stop()  # the final file supersedes the segments still queued
+                self.write(state)
+                if not self.published:
+                    return  # kept on local disk; the segments in storage stay, a partial ledger until it is pushed
+                self._unlink_segments()
+                if self._segs:
+                    try:
+                        storage.rmdir(spill_dir(self.path)) if self.remote else os.rmdir(spill_dir(self.path))
+                    except Exception:
+                        pass
+            finally:
+                self._release()
 
     def _release(self):
         """Closed for good: free the buffers and kept values, drop the staging area, leave the registry."""
         if self.remote:
             self._remote.stop()
             self._remote.remove_stage()
-            self._segment_files = []
+        self._release_claim()
         self.closed = True
         for b in self.buffers:
             b.release()
@@ -411,6 +794,94 @@ class Recording:
                 v.clear()
         with _LOCK:
             _OPEN.pop(id(self), None)
+        _reschedule()
+
+
+def segment_from_file(path):
+    from .read import segment_from_file as read_segment  # a spilled segment read back in chunks
+    return read_segment(path)
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _remove(path, remote):
+    try:
+        storage.remove(path) if remote else os.unlink(path)
+    except Exception:
+        pass
+
+
+def _short(exc):
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _alive(holder):
+    """Whether the process named in a lock file is still running (on another host: assume it is not)."""
+    try:
+        pid = int(holder.get("pid"))
+    except (TypeError, ValueError):
+        return False
+    if holder.get("host") != _HOST:
+        return False
+    if pid == os.getpid():  # this process: alive while that recording is open here
+        return any(rec.writer == holder.get("writer") for rec in _mine())
+    return _pid_alive(pid)
+
+
+def _read_lock(path):
+    try:
+        with open(path) as f:
+            holder = json.load(f)
+        return holder if isinstance(holder, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def check_writable(path, owner):
+    """A one-line error now, not after the run, if a ledger file cannot be written at ``path``."""
+    if os.path.isdir(path):
+        raise LedgerError("%s: %s is a directory; give the ledger's file name, for example %s"
+                          % (owner, path, os.path.join(path, "trainer.npz")))
+    parent = os.path.dirname(os.path.abspath(path))
+    check_directory(parent, owner)
+
+
+def check_directory(directory, owner):
+    """Create ``directory`` if needed; a one-line error if it is a file or cannot be created or written."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise LedgerError("%s: %s is a file, not a directory" % (owner, directory))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise LedgerError("%s: cannot create the directory %s: part of its path is a file" % (owner, directory)) \
+            from None
+    except OSError as exc:
+        raise LedgerError("%s: cannot create the directory %s (%s)" % (owner, directory, exc.strerror or exc)) \
+            from None
+    try:  # a real write: permissions, a read-only mount and a full disk all show here, not after the run
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".stepledger-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise LedgerError("%s: cannot write in the directory %s (%s)" % (owner, directory, exc.strerror or exc)) \
+            from None
+
 
 def check_reward_dtype(reward_dtype, owner):
     """The reward dtype as a numpy dtype; float32 or float64, else a one-line error."""
@@ -449,7 +920,7 @@ class TrainerSide:
     VectorRecorder over its streams, and the live check. Shared by LedgerVectorEnv and LedgerVecEnv."""
 
     def __init__(self, owner, path, n_envs, obs_space, act_space, reward_dtype, keep_values, autoreset_mode,
-                 live, on_fault):
+                 live, on_fault, interval=None):
         from .live import LiveCheck, check_on_fault, settings_of
         from .spaces import LeafLayout
         if path is not None or not live:
@@ -457,27 +928,44 @@ class TrainerSide:
         if keep_values and path is None:
             raise ValueError("%s: keep_values=True needs a path to write the values to" % owner)
         dtype = check_reward_dtype(reward_dtype, owner)
+        interval = flush_interval(interval, owner)
         obs_layout = LeafLayout(obs_space, "%s: observation space" % owner)
         act_layout = LeafLayout(act_space, "%s: action space" % owner)
-        self.path = path
         if path is None:
             # live check only: no file; the buffers are emptied at every step, so memory stays constant
             self.recording = None
             buffers = [core.StreamBuffer(16) for _ in range(n_envs)]
         else:
             self.recording = Recording(path, "trainer", range(n_envs), obs_layout, act_layout, dtype, keep_values,
-                                       {"autoreset_mode": autoreset_mode})
+                                       {"autoreset_mode": autoreset_mode}, interval, owner)
             buffers = self.recording.buffers
         self.recorder = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
         self.live = LiveCheck(self.recorder, dtype.name, check_on_fault(on_fault, owner), owner,
                               settings_of(dtype.name, obs_layout, act_layout)) if live else None
 
+    @property
+    def path(self):
+        return None if self.recording is None else self.recording.path
+
+    @property
+    def run(self):
+        return None if self.recording is None else self.recording.run
+
+    def links(self, n_envs):
+        """What each env-side ledger is told: (run, its position in the vector env)."""
+        return [(self.run, i) for i in range(n_envs)]
+
+    def interrupted(self):
+        """An exception escaped the vector env's step or reset: the run did not end cleanly."""
+        if self.recording is not None:
+            self.recording.interrupted = True
+
     def after_step(self, over):
-        """Keep memory bounded after a recorded step: spill if over the limit, or empty the live-only buffers."""
+        """Keep memory bounded after a recorded step: spill if due, or empty the live-only buffers."""
         if self.recording is None:
             self.recorder.clear_buffers()
         elif over:
-            spill_everything()
+            attend()
 
     def flush(self):
         if self.recording is not None:

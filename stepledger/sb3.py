@@ -9,13 +9,13 @@ import numpy as np
 
 try:
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.vec_env import VecEnvWrapper
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
 except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
     raise ImportError("stepledger.sb3 needs stable-baselines3: pip install \"plugrl-stepledger[sb3]\" "
                       "(or pip install stable-baselines3)") from exc
 
 from . import core
-from ._schema import SETTINGS_KEY, TOKEN_KEY
+from ._schema import LINK_ATTR, SETTINGS_KEY, TOKEN_KEY
 from .live import BoundaryFault, check_on_fault
 from .recording import TrainerSide
 from .stack import warn_inner_wrappers
@@ -45,23 +45,40 @@ class LedgerVecEnv(VecEnvWrapper):
     :param on_fault: with live, what a mismatch does: "raise" a BoundaryFault (default), "warn", "record"
         (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
     :param keep_tokens: leave the tokens in the infos (by default they are removed).
+    :param flush_interval: seconds between periodic spills to disk (default 5).
     :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
         that changes values on purpose sits between this ledger and the VecEnv; False if you mean it.
     """
 
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
-                 keep_tokens=False, check_wrappers=True):
+                 keep_tokens=False, check_wrappers=True, flush_interval=None):
         super().__init__(venv)
         warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
         self._side = TrainerSide("LedgerVecEnv", path, venv.num_envs, venv.observation_space, venv.action_space,
-                                 reward_dtype, keep_values, "sb3", live, on_fault)
-        self.ledger_path = self._side.path
+                                 reward_dtype, keep_values, "sb3", live, on_fault, flush_interval)
+        self._link_envs()
         self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
         self._keep = keep_values
         self._actions = None
         self._warned_missing = False
         self.live = bool(live)
         self._pop_tokens = not keep_tokens
+
+    @property
+    def ledger_path(self):
+        """Where the trainer ledger is written (None in live-only mode)."""
+        return self._side.path
+
+    def _link_envs(self):
+        """Tell each env-side ledger the run and its position (see vector.link_envs), one env at a time:
+        SB3's set_attr gives every env the same value, so this goes through each env's set_wrapper_attr."""
+        if self._side.run is None or type(self.venv) not in (DummyVecEnv, SubprocVecEnv):
+            return
+        try:
+            for i, link in enumerate(self._side.links(self.num_envs)):
+                self.venv.env_method("set_wrapper_attr", LINK_ATTR, link, indices=[i])
+        except Exception:
+            pass
 
     @property
     def live_faults(self):
@@ -87,7 +104,11 @@ class LedgerVecEnv(VecEnvWrapper):
         pass  # VecEnv.__init__ assigns an empty list; the inner VecEnv's list is the one it fills
 
     def reset(self):
-        obs = self.venv.reset()
+        try:
+            obs = self.venv.reset()
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self._side.interrupted()
+            raise
         over = self._rec.reset(obs)
         if self._keep:
             rows = self._rows(self._rec.obs_layout, obs)
@@ -110,7 +131,11 @@ class LedgerVecEnv(VecEnvWrapper):
         self.venv.step_async(actions)
 
     def step_wait(self):
-        obs, rewards, dones, infos = self.venv.step_wait()
+        try:
+            obs, rewards, dones, infos = self.venv.step_wait()
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self._side.interrupted()
+            raise
         rec = self._rec
         ended = rec.ended(dones)
         finals = {}

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 
 from . import core
-from ._schema import SETTINGS_KEY, TOKEN_KEY
+from ._schema import LINK_ATTR, SETTINGS_KEY, TOKEN_KEY
 from .recording import TrainerSide
 from .stack import warn_inner_wrappers
 
@@ -89,6 +89,22 @@ def resolve_autoreset_mode(env, autoreset_mode, owner):
     return mode
 
 
+def link_envs(env, side):
+    """Tell each env-side ledger of a Gymnasium vector env the run and its position in it.
+
+    Through ``set_attr``, which reaches a ``LedgerEnv`` anywhere in each env's
+    wrapper stack (``set_wrapper_attr``) and sets a harmless attribute on an env
+    without one. Only Gymnasium's own vector envs, whose set_attr is known; a
+    bridge that has none leaves compare to tell runs apart by their times.
+    """
+    if side.run is None or type(env) not in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
+        return
+    try:
+        env.set_attr(LINK_ATTR, side.links(env.num_envs))
+    except Exception:
+        pass
+
+
 class LedgerVectorEnv(gym.vector.VectorWrapper):
     """Records what the trainer sent and received through a Gymnasium vector env.
 
@@ -136,17 +152,19 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             purpose (NormalizeObservation, NormalizeReward, TransformReward,
             ClipAction, ...) sits between this ledger and the vector env;
             False if you mean to check through it.
+        flush_interval: seconds between periodic spills to disk (default 5,
+            or ``$STEPLEDGER_FLUSH_INTERVAL``).
     """
 
     def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
-                 on_fault="raise", keep_tokens=False, check_wrappers=True):
+                 on_fault="raise", keep_tokens=False, check_wrappers=True, flush_interval=None):
         super().__init__(env)
         warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
         self._side = TrainerSide("LedgerVectorEnv", path, env.num_envs, env.single_observation_space,
                                  env.single_action_space, reward_dtype, keep_values, self.autoreset_mode, live,
-                                 on_fault)
-        self.ledger_path = self._side.path
+                                 on_fault, flush_interval)
+        link_envs(env, self._side)
         self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
         self._keep = keep_values
         self._kept_actions, self._was_pending = None, None  # with keep_values: the actions under way
@@ -156,13 +174,22 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         self._pop_tokens = not keep_tokens
 
     @property
+    def ledger_path(self):
+        """Where the trainer ledger is written (None in live-only mode)."""
+        return self._side.path
+
+    @property
     def live_faults(self):
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
         return self._live.faults if self._live is not None else []
 
     def reset(self, *, seed=None, options=None):
         mask = self._reset_mask(options)
-        obs, info = self.env.reset(seed=seed, options=options)
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self._side.interrupted()
+            raise
         return self._record_reset(obs, info, mask)
 
     def step(self, actions):
@@ -170,7 +197,12 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             self._take_actions(actions)
         else:
             self._rec.actions(actions)  # the hot path: one call fewer than _take_actions
-        return self._record_step(*self.env.step(actions))
+        try:
+            results = self.env.step(actions)
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self._side.interrupted()
+            raise
+        return self._record_step(*results)
 
     # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
     # in step_async, before they are sent; the results are recorded in step_wait.
@@ -182,7 +214,12 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     def step_wait(self, **kwargs):
         """The results of the actions sent by ``step_async``, recorded (``timeout=`` is passed on)."""
-        return self._record_step(*self._inner("step_wait")(**kwargs))
+        try:
+            results = self._inner("step_wait")(**kwargs)
+        except BaseException:
+            self._side.interrupted()
+            raise
+        return self._record_step(*results)
 
     def reset_async(self, seed=None, options=None):
         """Start a reset (the inner vector env's ``reset_async``); ``reset_wait`` records it."""
@@ -193,7 +230,11 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     def reset_wait(self, **kwargs):
         """The observations of the reset started by ``reset_async``, recorded (``timeout=`` is passed on)."""
-        obs, info = self._inner("reset_wait")(**kwargs)
+        try:
+            obs, info = self._inner("reset_wait")(**kwargs)
+        except BaseException:
+            self._side.interrupted()
+            raise
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         return self._record_reset(obs, info, mask)
 

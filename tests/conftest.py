@@ -29,7 +29,7 @@ def run_python():
 
 _CORE_NAMES = ("IMPLEMENTATION", "StreamBuffer", "EventRecorder", "VectorRecorder", "blake2b64", "digest_leaves",
                "digest_rows", "reward_bits", "reward_bits_array", "first_difference", "set_memory_limit",
-               "memory_limit", "memory_in_use", "account", "set_memory_in_use", "MISSING_DIGEST", "INVALID_DIGEST")
+               "memory_limit", "memory_in_use", "account", "set_memory_in_use", "set_deadline", "deadline", "MISSING_DIGEST", "INVALID_DIGEST")
 
 
 @pytest.fixture(params=["cython", "python"])

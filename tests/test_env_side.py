@@ -339,7 +339,9 @@ def test_spills_and_assembles_the_whole_stream(tmp_path, small_memory):
             truth.append(E.obs_value(e, t))
     spill = env.ledger_path + ".spill"
     segs = sorted(os.listdir(spill))
-    assert len(segs) > 5 and segs[0] == "seg-000000.npz"
+    # spilled many times; every 8 segments of one size are merged into one, which keeps the first's name
+    assert env._recording.spills > 5 and segs[0] == "seg-000000.npz"
+    assert len(segs) < env._recording.spills
     partial = read(env.ledger_path)
     assert partial.partial and 0 < len(partial.streams[0]) <= len(truth)
     env.close()

@@ -208,7 +208,8 @@ def _compare_module():
 def streams(path):
     ledger = read(path)
     try:
-        return ledger.meta, {i: s.columns for i, s in ledger.streams.items()}
+        settings = {k: v for k, v in ledger.meta.items() if k not in S.PER_FILE_META}  # not writer, times, pid
+        return settings, {i: s.columns for i, s in ledger.streams.items()}
     finally:
         ledger.close()
 

@@ -1,0 +1,90 @@
+"""A training script that ends in a chosen way, run in its own process by test_runs_that_end_badly.py.
+
+    python -c "import ending_harness as H; H.main(HARNESS, ENDING, DIRECTORY)"
+
+HARNESS: async-fork, async-forkserver, async-spawn, sync, subproc, dummy.
+ENDING:
+- close: steps, then close() as documented;
+- no-close: steps, then the script ends without close();
+- exception: steps, then an error escapes the training loop;
+- wait: steps until a signal from outside ends it (Ctrl-C to the process group,
+  SIGTERM to the trainer, SIGKILL to a worker).
+
+It prints ``ready STEPS PID...`` (vector steps so far and the worker pids) once it
+has stepped for a while, so the test knows when to act, and which processes to
+wait for afterwards.
+"""
+
+import functools
+import os
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from stepledger import LedgerEnv, LedgerVectorEnv
+
+N_ENVS = 2
+FLUSH_INTERVAL = 0.3
+
+
+def make_env(index, directory):
+    return LedgerEnv(gym.make("CartPole-v1"), directory, index=index, flush_interval=FLUSH_INTERVAL)
+
+
+def build(harness, directory):
+    fns = [functools.partial(make_env, i, directory) for i in range(N_ENVS)]
+    trainer = os.path.join(directory, "trainer.npz")
+    if harness.startswith("async-"):
+        venv = gym.vector.AsyncVectorEnv(fns, context=harness.split("-", 1)[1])
+        pids = [p.pid for p in venv.processes]
+        return LedgerVectorEnv(venv, trainer, flush_interval=FLUSH_INTERVAL), pids, "gym"
+    if harness == "sync":
+        return LedgerVectorEnv(gym.vector.SyncVectorEnv(fns), trainer, flush_interval=FLUSH_INTERVAL), [], "gym"
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from stepledger.sb3 import LedgerVecEnv
+    if harness == "subproc":
+        venv = SubprocVecEnv(fns, start_method="fork")
+        pids = [p.pid for p in venv.processes]
+    else:
+        venv = DummyVecEnv(fns)
+        pids = []
+    return LedgerVecEnv(venv, trainer, flush_interval=FLUSH_INTERVAL), pids, "sb3"
+
+
+def main(harness, ending, directory, steps=400):
+    envs, pids, kind = build(harness, directory)
+    print("workers", *pids, flush=True)
+    actions = np.random.default_rng(0).integers(0, 2, size=(100_000, N_ENVS))
+    if kind == "gym":
+        envs.reset(seed=0)
+        step = envs.step
+    else:
+        envs.seed(0)
+        envs.reset()
+        step = envs.step
+    started = time.monotonic()
+    announced = False
+    t = 0
+    while True:
+        step(actions[t % len(actions)])
+        t += 1
+        if ending != "wait" and t == steps:
+            break
+        if ending == "wait" and not announced and t >= steps and time.monotonic() - started > 1.0:
+            print("ready", t, *pids, flush=True)
+            announced = True
+        if announced:
+            time.sleep(0.001)  # keep stepping, at a pace the signal can find it mid-run
+    if ending == "close":
+        envs.close()
+    elif ending == "exception":
+        raise RuntimeError("the training loop failed")
+    # no-close: the script just ends
+    print("done", t, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

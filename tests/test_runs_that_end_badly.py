@@ -1,0 +1,413 @@
+"""Runs that end badly: no ledger is lost, and an interrupted run is not a boundary fault.
+
+Each case runs a real training script (tests/ending_harness.py) in its own
+process group, on real vector envs, and ends it the way real runs end: close(),
+no close(), an exception, Ctrl-C (SIGINT to the whole process group, as a
+terminal sends it), SIGTERM to the trainer (as a scheduler sends it), SIGKILL to
+one worker. Then every ledger must read, and compare must find no difference.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stepledger import _schema as S
+from stepledger import compare, read
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+HARNESSES = ["async-fork", "async-forkserver", "async-spawn", "sync", "subproc", "dummy"]
+ENDINGS = ["close", "no-close", "exception", "ctrl-c", "sigterm", "sigkill-worker"]
+MULTIPROCESS = {"async-fork", "async-forkserver", "async-spawn", "subproc"}
+N_ENVS = 2
+TIMEOUT = 60
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _wait_gone(pids, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("worker %d still running %d s after the trainer ended" % (pid, timeout))
+
+
+def _read_line(proc, prefix):
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            pytest.fail("the script ended before printing %r:\n%s" % (prefix, proc.stderr.read()[-3000:]))
+        if line.startswith(prefix):
+            return line.split()[1:]
+
+
+def run_case(directory, harness, ending):
+    """Run the script and end it; returns (the trainer's exit code, worker pids, vector steps at 'ready')."""
+    script = "import ending_harness as H; H.main(%r, %r, %r)" % (
+        harness, "wait" if ending in ("ctrl-c", "sigterm", "sigkill-worker") else ending, directory)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), start_new_session=True)
+    try:
+        workers = [int(p) for p in _read_line(proc, "workers")]
+        ready = None
+        if ending in ("ctrl-c", "sigterm", "sigkill-worker"):
+            ready = int(_read_line(proc, "ready")[0])
+            time.sleep(0.7)  # more than two flush intervals of stepping after 'ready'
+            if ending == "ctrl-c":
+                os.killpg(proc.pid, signal.SIGINT)
+            elif ending == "sigterm":
+                os.kill(proc.pid, signal.SIGTERM)
+            else:
+                os.kill(workers[-1], signal.SIGKILL)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    # SB3's SubprocVecEnv waits forever for a dead worker (its siblings hold the pipe
+                    # open): the user presses Ctrl-C, as they would
+                    os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(TIMEOUT)
+        _wait_gone(workers)
+        return proc.returncode, workers, ready
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_no_ledger_lost_and_no_false_alarm(tmp_path, harness, ending):
+    if ending == "sigkill-worker" and harness not in MULTIPROCESS:
+        pytest.skip("no worker process to kill")
+    if harness == "async-forkserver" and sys.platform != "linux":
+        pytest.skip("forkserver is for POSIX")
+    directory = str(tmp_path)
+    code, workers, ready = run_case(directory, harness, ending)
+    if ending == "sigterm":
+        assert code == -signal.SIGTERM  # the trainer still dies of SIGTERM: stepledger changed nothing
+    elif ending in ("close", "no-close"):
+        assert code == 0
+
+    trainer = read(os.path.join(directory, "trainer.npz"))
+    envs = read(directory)
+    try:
+        assert sorted(envs.streams) == list(range(N_ENVS)), os.listdir(directory)
+        assert sorted(trainer.streams) == list(range(N_ENVS))
+        states = {i: s.meta[S.META_STATE] for i, s in envs.streams.items()}
+        if ending == "close":
+            assert trainer.meta[S.META_STATE] == S.STATE_CLOSED and set(states.values()) == {S.STATE_CLOSED}
+        if ending == "no-close":
+            assert trainer.meta[S.META_STATE] == S.STATE_EXIT
+        if ending == "sigterm":
+            assert trainer.meta[S.META_STATE] == S.STATE_SIGNAL
+        for i in range(N_ENVS):
+            n_env, n_tr = len(envs.streams[i]), len(trainer.streams[i])
+            if ending == "sigkill-worker" and i == N_ENVS - 1:
+                # killed without warning: its last periodic spill, at most about one interval old
+                assert n_env >= ready, (n_env, ready)
+            else:
+                # every process could still act: everything is there, up to the one step in flight
+                assert abs(n_env - n_tr) <= 2, (i, n_env, n_tr, states)
+                assert n_tr >= (ready or 400)
+        # ledgers of one run: the trainer side told the env side its run through the vector env
+        assert {s.meta[S.META_RUN] for s in envs.streams.values()} == {trainer.meta[S.META_RUN]}
+    finally:
+        trainer.close()
+        envs.close()
+
+    report = compare(directory, os.path.join(directory, "trainer.npz"))
+    assert report.ok, str(report)
+    if ending == "close":
+        assert report.notes == [], report.notes
+    text = str(report)
+    assert "differ" in text.splitlines()[0]
+    cli = subprocess.run([sys.executable, "-m", "stepledger", "compare", directory,
+                          os.path.join(directory, "trainer.npz")], capture_output=True, text=True, env=_env(),
+                         timeout=TIMEOUT)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    # nothing half-written is left behind once every writer is gone, but for a killed worker's
+    left = [n for n in os.listdir(directory) if S.TMP_INFIX in n or n.endswith(S.LOCK_SUFFIX)]
+    if ending != "sigkill-worker":
+        assert left == [], left
+
+
+# ---------------------------------------------------------------- re-runs, runs in progress, run identity
+
+import functools  # noqa: E402
+import threading  # noqa: E402
+import warnings  # noqa: E402
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+
+import envs_for_tests as E  # noqa: E402
+from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv  # noqa: E402
+from stepledger.read import leftovers  # noqa: E402
+
+
+def count_env(i, directory, interval=None):
+    return LedgerEnv(E.CountEnv(length=4), directory, index=i, flush_interval=interval)
+
+
+def sync_run(directory, n, steps, close=True, interval=None):
+    envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
+        [functools.partial(count_env, i, directory, interval) for i in range(n)]),
+        os.path.join(directory, "trainer.npz"), flush_interval=interval)
+    envs.reset(seed=0)
+    for _ in range(steps):
+        envs.step(np.zeros(n, np.int64))
+    if close:
+        envs.close()
+    return envs
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "stepledger", *args], capture_output=True, text=True, env=_env(),
+                          timeout=TIMEOUT)
+
+
+def test_shorter_rerun_into_the_same_directory(tmp_path):
+    d = str(tmp_path)
+    sync_run(d, 8, 30)
+    sync_run(d, 4, 20)  # the same script again, with fewer envs: env-4..7.npz are the first run's
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok and report.envs == [0, 1, 2, 3], str(report)
+    lines = str(report).splitlines()
+    assert lines[0] == "0 of 4 envs differ"
+    for i in range(4, 8):
+        assert any(line.startswith("env-%d.npz is from another run (run " % i) and line.endswith(": not compared")
+                   for line in lines), lines
+    assert cli("compare", d, os.path.join(d, "trainer.npz")).returncode == 0
+
+
+def test_compare_while_the_new_run_is_going(tmp_path):
+    d = str(tmp_path)
+    sync_run(d, 8, 30)
+    envs = sync_run(d, 4, 10, close=False, interval=0.05)
+    time.sleep(0.1)
+    for _ in range(10):
+        envs.step(np.zeros(4, np.int64))  # past the interval: everything so far is in spill segments
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    text = str(report)
+    assert report.ok and report.envs == [0, 1, 2, 3], text  # the new run's, not the old run's 8
+    assert "trainer.npz: in progress, last written " in text and "events so far" in text
+    assert "env-0.npz, env-1.npz, env-2.npz, env-3.npz in progress" in text
+    assert "env-7.npz is from another run" in text
+    envs.close()
+    done = compare(d, os.path.join(d, "trainer.npz"))
+    assert done.ok and not [n for n in done.notes if "in progress" in n]
+
+
+def test_env_ledgers_of_an_entirely_different_run_are_refused(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    sync_run(a, 2, 10)
+    sync_run(b, 2, 10)
+    with pytest.raises(LedgerError, match="are from different runs"):
+        compare(a, os.path.join(b, "trainer.npz"))
+    proc = cli("compare", a, os.path.join(b, "trainer.npz"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert a in proc.stderr and os.path.join(b, "trainer.npz") in proc.stderr
+
+
+def test_wrong_index_is_told_by_the_trainer_side(tmp_path):
+    d = str(tmp_path)
+    fns = [functools.partial(count_env, 1, d), functools.partial(count_env, 0, d)]  # swapped
+    with pytest.warns(RuntimeWarning, match=r"LedgerEnv\(index=1\) is env 0 of the trainer's vector env"):
+        envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(fns), os.path.join(d, "trainer.npz"))
+    envs.reset(seed=0)
+    envs.step(np.array([0, 1]))
+    envs.close()
+    text = str(compare(d, os.path.join(d, "trainer.npz")))
+    assert "env-1.npz: its LedgerEnv is env 0 of the trainer's vector env" in text
+
+
+# ---------------------------------------------------------------- two writers of one ledger
+
+def test_two_ledgers_on_one_index_in_one_process(tmp_path):
+    first = count_env(0, str(tmp_path))
+    with pytest.raises(LedgerError, match="already being recorded by another open ledger in this process"):
+        count_env(0, str(tmp_path))
+    first.close()
+    count_env(0, str(tmp_path)).close()  # once the first is closed, the path is free again
+
+
+def test_two_processes_on_one_index_write_two_files(tmp_path):
+    d = str(tmp_path)
+    fns = [functools.partial(count_env, 0, d), functools.partial(count_env, 0, d)]
+    envs = LedgerVectorEnv(gym.vector.AsyncVectorEnv(fns, context="fork"), os.path.join(d, "trainer.npz"))
+    envs.reset(seed=0)
+    for _ in range(6):
+        envs.step(np.array([0, 1]))
+    envs.close()
+    names = sorted(os.listdir(d))
+    dups = [n for n in names if S.DUPLICATE_INFIX in n]
+    assert "env-0.npz" in names and len(dups) == 1, names
+    with read(os.path.join(d, "trainer.npz")) as trainer:
+        n = len(trainer.streams[0])
+        assert n == len(trainer.streams[1]) == 7  # a reset, four steps, the autoreset, one step
+    assert len(read(os.path.join(d, dups[0])).streams[0]) == n  # nothing overwritten: both whole
+    assert len(read(os.path.join(d, "env-0.npz")).streams[0]) == n
+    text = str(compare(d, os.path.join(d, "trainer.npz")))
+    assert "%s and env-0.npz both recorded env 0 at the same time" % dups[0] in text
+    assert "env 1: recorded only on the trainer side" in text
+
+
+def test_flush_and_close_from_several_threads(tmp_path):
+    env = count_env(0, str(tmp_path))
+    env.reset()
+    errors = []
+
+    def flusher():
+        try:
+            for _ in range(30):
+                env.flush()
+        except Exception as exc:  # pragma: no cover - the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=flusher) for _ in range(3)]
+    for t in threads:
+        t.start()
+    n = 1
+    for _ in range(3000):
+        env.step(0)
+        n += 1
+        if env.env.unwrapped.t >= 4:
+            env.reset()
+            n += 1
+    for t in threads:
+        t.join()
+    closers = [threading.Thread(target=env.close) for _ in range(3)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+    assert not errors, errors
+    with read(env.ledger_path) as led:
+        assert len(led.streams[0]) == n and led.meta[S.META_STATE] == S.STATE_CLOSED
+    assert os.listdir(str(tmp_path)) == ["env-0.npz"]
+
+
+# ---------------------------------------------------------------- failing at construction, failing writes
+
+def test_bad_paths_fail_at_construction(tmp_path):
+    venv = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    (tmp_path / "a-file").write_text("x")
+    cases = [
+        (str(tmp_path), "is a directory; give the ledger's file name"),
+        (str(tmp_path / "a-file" / "trainer.npz"), "is a file, not a directory"),
+        (str(tmp_path / "a-file" / "sub" / "trainer.npz"), "cannot create the directory"),
+    ]
+    for path, words in cases:
+        with pytest.raises(LedgerError, match=words) as info:
+            LedgerVectorEnv(venv, path)
+        assert len(str(info.value).splitlines()) == 1 and "LedgerVectorEnv: " in str(info.value)
+    with pytest.raises(LedgerError, match="looks like a ledger file"):
+        LedgerEnv(gym.make("CartPole-v1"), str(tmp_path / "ledger.npz"), index=0)
+    assert not (tmp_path / "ledger.npz").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 512 KB filesystem (tmpfs), mounted for the test: writes to it fail for real when it is full."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (%s)" % proc.stderr.strip())
+    try:
+        yield str(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_read_only_directory_fails_at_construction(small_disk):
+    subprocess.run(["mount", "-o", "remount,ro", small_disk], check=True)
+    with pytest.raises(LedgerError, match="cannot write in the directory .*Read-only"):
+        LedgerEnv(gym.make("CartPole-v1"), small_disk, index=0)
+
+
+def test_full_disk_warns_once_backs_off_and_loses_nothing(small_disk):
+    from stepledger.recording import Recording
+    env = count_env(0, small_disk, interval=0.01)
+    attempts = []
+    original = Recording.spill
+
+    def counting_spill(rec):
+        attempts.append(time.monotonic())
+        return original(rec)
+
+    filler = os.path.join(small_disk, "filler")
+    with open(filler, "wb", buffering=0) as f:  # the disk is full before the first write
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    Recording.spill = counting_spill
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env.reset()
+            n, started = 1, time.monotonic()
+            while time.monotonic() - started < 1.5 and n < 6000:  # a ledger that fits the disk once it has room
+                time.sleep(0.0002)
+                env.step(0)
+                n += 1
+                if env.env.unwrapped.t >= 4:
+                    env.reset()
+                    n += 1
+    finally:
+        Recording.spill = original
+    full = [w for w in caught if "cannot write the ledger" in str(w.message)]
+    assert len(full) == 1 and env.ledger_path in str(full[0].message) and "No space left" in str(full[0].message)
+    # backed off: a handful of tries in 1.5 s of stepping every 10 ms, not one a step
+    assert 1 <= len(attempts) <= 4, len(attempts)
+    assert n > 1000
+    assert not [p for p in os.listdir(small_disk) if S.TMP_INFIX in p]  # a failed write leaves nothing
+    os.unlink(filler)  # space again: close writes every event, none was lost
+    env.close()
+    with read(env.ledger_path) as led:
+        assert len(led.streams[0]) == n
+
+
+def test_leftovers_are_listed_then_removed_by_the_next_writer(tmp_path):
+    d = str(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    tmp = os.path.join(d, "env-0.npz%s%s-0badc0de" % (S.TMP_INFIX, dead))
+    with open(tmp, "wb") as f:
+        f.write(b"PK\x03\x04 cut short")
+    with open(os.path.join(d, "env-0.npz" + S.LOCK_SUFFIX), "w") as f:
+        json.dump({"pid": int(dead), "host": os.uname().nodename, "writer": "0" * 16}, f)
+    found = dict(leftovers(d))
+    assert "a write cut short" in found[os.path.basename(tmp)]
+    assert "which is gone" in found["env-0.npz" + S.LOCK_SUFFIX]
+    other = count_env(1, d)  # another env's ledger, so that the directory has one to show
+    other.reset()
+    other.close()
+    show = cli("show", d)
+    assert show.returncode == 0 and "not a ledger: %s (a write cut short" % os.path.basename(tmp) in show.stdout
+    assert "not a ledger: env-0.npz.lock (left by process %s, which is gone" % dead in show.stdout
+    assert [n for n in read(d).streams] == [1]  # neither is ever read as a ledger
+    env = count_env(0, d)
+    env.reset()
+    env.step(0)
+    env.close()
+    assert sorted(os.listdir(d)) == ["env-0.npz", "env-1.npz"]
