@@ -202,6 +202,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def flush(self):
         """Write the ledger file now; recording goes on."""
         if self._recording is not None:
+            self._recording.claim()  # first: a second live writer of this index records beside it
             self._warn_if_overwriting()
             self._recording.write()
             self._note_written()
@@ -210,6 +211,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """Write the ledger file, then close the inner env."""
         try:
             if self._recording is not None:
+                self._recording.claim()
                 self._warn_if_overwriting()
                 self._recording.close()
                 self._note_written()

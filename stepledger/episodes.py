@@ -372,7 +372,7 @@ def _read_npz(path):
     if "meta" in members:
         try:
             meta = json.loads(str(members["meta"][()]))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # deeply nested JSON recurses
             meta = {}
         if isinstance(meta, dict) and meta.get("format") == S.FORMAT_NAME:
             raise LedgerError("%s: a stepledger ledger (%s side), not an episode log; give the file EpisodeLogTap "

@@ -140,7 +140,7 @@ class LiveCheck:
                 continue
             try:
                 theirs = json.loads(value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             text = settings_difference(theirs, self.settings)
             if text:

@@ -412,10 +412,12 @@ class Recording:
     # ------------------------------------------------------------ claiming the path
 
     def _check_path(self):
-        """At construction: the path can be written, and no other open recording of this process writes it."""
+        """At construction: the path can be written, and no other open recording of this process is writing it."""
         target = os.path.abspath(self.path)
         for rec in _mine():
-            if rec is not self and not rec.remote and os.path.abspath(rec.path) == target:
+            # Only one that has recorded: Gymnasium builds throwaway envs in the parent (for their
+            # spaces) and closes them later. Two that both record meet at the first write (_claim).
+            if rec is not self and not rec.remote and os.path.abspath(rec.path) == target and rec.n_events():
                 raise LedgerError("%s: %s is already being recorded by another open ledger in this process; "
                                   "give each env its own index= (or each trainer ledger its own path)"
                                   % (self.owner, self.path))
@@ -434,8 +436,14 @@ class Recording:
             return
         for _ in range(5):
             lock = self.path + S.LOCK_SUFFIX
+            # Written whole under a temporary name, then linked to the lock's name, which fails if
+            # it exists: a lock is never seen empty, half written or by two writers at once.
+            tmp = "%s%s%d-%s" % (lock, S.TMP_INFIX, self.pid, os.urandom(4).hex())
             try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with open(tmp, "w") as f:
+                    json.dump({"pid": self.pid, "host": _HOST, "writer": self.writer, "started": self.started,
+                               "run": self.run}, f)
+                os.link(tmp, lock)
             except FileExistsError:
                 holder = _read_lock(lock)
                 if holder is not None and _alive(holder) and holder.get("writer") != self.writer:
@@ -449,16 +457,48 @@ class Recording:
             except OSError as exc:
                 raise LedgerError("%s: cannot write in %s (%s)" % (self.owner, os.path.dirname(os.path.abspath(
                     self.path)) or ".", exc.strerror or exc)) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump({"pid": self.pid, "host": _HOST, "writer": self.writer, "started": self.started}, f)
+            finally:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
             self._lock_path = lock
-            return
+            earlier = self._same_run_writer()
+            if earlier is None:
+                return
+            # Another recording of this run wrote this file and has closed since: a second env
+            # given the same index. Record beside it rather than replace it.
+            self._release_claim()
+            self._record_beside(earlier)
         raise LedgerError("%s: could not claim %s (its lock file keeps changing)" % (self.owner, self.path))
+
+    def _same_run_writer(self):
+        """The meta of the file at this path if another recording of this same run wrote it, else None."""
+        if self.run is None or not os.path.exists(self.path):
+            return None
+        try:
+            from .ledgerfile import LedgerFile
+            lf = LedgerFile(self.path, verify=False)
+        except Exception:
+            return None
+        try:
+            meta = lf.meta
+        finally:
+            lf.close()
+        if meta.get(S.META_RUN) == self.run and meta.get(S.META_WRITER) not in (None, self.writer):
+            return meta
+        return None
+
+    def claim(self):
+        """Claim the path now if this recording is about to write (see _claim); the path may change."""
+        with self._lock:
+            if self.n_events() and not self.closed and self.pid == os.getpid():
+                self._claim()
 
     def _record_beside(self, holder):
         base, ext = os.path.splitext(self.path)
         beside = "%s%s%s%s" % (base, S.DUPLICATE_INFIX, self.writer[:8], ext)
-        warnings.warn("stepledger: %s is being recorded by another process (pid %s) right now; this one records "
+        warnings.warn("stepledger: %s is being recorded by another ledger (process %s) right now; this one records "
                       "%s instead, and compare will name both: give each env its own index="
                       % (self.path, holder.get("pid"), beside), RuntimeWarning, stacklevel=5)
         self.path = beside

@@ -241,10 +241,26 @@ def test_wrong_index_is_told_by_the_trainer_side(tmp_path):
 
 def test_two_ledgers_on_one_index_in_one_process(tmp_path):
     first = count_env(0, str(tmp_path))
+    first.reset()
     with pytest.raises(LedgerError, match="already being recorded by another open ledger in this process"):
         count_env(0, str(tmp_path))
     first.close()
     count_env(0, str(tmp_path)).close()  # once the first is closed, the path is free again
+
+
+def test_two_ledgers_built_before_either_records_write_two_files(tmp_path):
+    d = str(tmp_path)
+    a, b = count_env(0, d), count_env(0, d)  # as a vector env builds its envs, before any reset
+    for env in (a, b):
+        env.reset()
+        env.step(0)
+    a.flush()
+    with pytest.warns(RuntimeWarning, match="is being recorded by another ledger"):
+        b.flush()
+    assert os.path.basename(b.ledger_path).startswith("env-0" + S.DUPLICATE_INFIX)
+    a.close()
+    b.close()
+    assert len(read(a.ledger_path).streams[0]) == len(read(b.ledger_path).streams[0]) == 2
 
 
 def test_two_processes_on_one_index_write_two_files(tmp_path):
