@@ -316,11 +316,34 @@ def _newest_writer(files):
 
 
 def _read_one(path):
-    """Files of one ledger path: the final file, or its spilled segments if they are this run's and hold more."""
-    seg_paths = _segments(path)
-    final = LedgerFile(path) if os.path.exists(path) else None
+    """Files of one ledger path: the final file, or its spilled segments if they are this run's and hold more.
+
+    A ledger being written changes under the reader: its segments are merged, or removed once the
+    final file is there. A file that vanishes between the listing and its opening is looked for again.
+    """
+    for attempt in range(5):
+        seg_paths = _segments(path)
+        opened = []
+        try:
+            final = LedgerFile(path) if os.path.exists(path) else None
+            if final is not None:
+                opened.append(final)
+            for p in seg_paths:
+                opened.append(LedgerFile(p))
+        except LedgerError:
+            for lf in opened:
+                lf.close()
+            vanished = [p for p in [path] + seg_paths if not os.path.exists(p)]
+            if attempt < 4 and vanished and (seg_paths or os.path.exists(path)):
+                continue
+            raise
+        return _choose(path, final, opened[1:] if final is not None else opened)
+    raise LedgerError("%s: keeps changing while it is read" % path)
+
+
+def _choose(path, final, segs):
+    seg_paths = segs
     if seg_paths:
-        segs = [LedgerFile(p) for p in seg_paths]
         segs, stale = _newest_writer(segs)
         segs, covered = _covering(segs)
         for lf in stale + covered:
