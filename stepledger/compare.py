@@ -18,7 +18,7 @@ from . import core
 from . import wording
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
-from .read import read, read_ledger
+from .read import pid_state, read, read_ledger
 from .spaces import GraphValue, digest_signature, is_variable_description, leaf_names, unflatten
 
 _HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
@@ -271,13 +271,7 @@ def _writer_alive(meta):
     pid = meta.get(S.META_PID)
     if meta.get(S.META_HOST) != socket.gethostname() or not isinstance(pid, int):
         return None  # another machine: cannot tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return pid_state(pid, None)
 
 
 def how_it_ended(meta):

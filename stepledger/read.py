@@ -192,7 +192,8 @@ def _segments(path):
     return sorted(glob.glob(os.path.join(directory, "seg-*.npz")))
 
 
-def _pid_state(pid, host):
+def pid_state(pid, host):
+    """Whether process ``pid`` on ``host`` runs: True, False, or None where it cannot be told (another host)."""
     if host not in (None, socket.gethostname()):
         return None
     try:
@@ -221,7 +222,7 @@ def leftovers(path):
 
     def tmp_line(rel):
         m = re.search(re.escape(S.TMP_INFIX) + r"(\d+)", rel)
-        alive = _pid_state(int(m.group(1)), None) if m else False
+        alive = pid_state(int(m.group(1)), None) if m else False
         if alive:
             return rel, "a write in progress (process %s)" % m.group(1)
         return rel, "a write cut short (its process is gone): not a ledger; the next writer of this ledger removes it"
@@ -244,7 +245,7 @@ def leftovers(path):
             except (OSError, ValueError, KeyError, TypeError):
                 out.append((entry, "a lock file that cannot be read"))
                 continue
-            alive = _pid_state(pid, host)
+            alive = pid_state(pid, host)
             name = entry[: -len(S.LOCK_SUFFIX)]
             if alive:
                 out.append((entry, "process %d is recording %s" % (pid, name)))
