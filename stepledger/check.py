@@ -72,14 +72,13 @@ class FaultResult:
 
     def line(self):
         if not self.exercised:
-            return "%-22s not exercised (%s)" % (self.fault, self.reason or wording.NO_OPPORTUNITY)
-        where = "env %d, episode %d, step %d" % (self.injected["env"], self.injected["episode"], self.injected["step"])
+            return wording.fault_result(self.fault, "not exercised", self.reason or wording.NO_OPPORTUNITY)
+        at = (self.injected["env"], self.injected["episode"], self.injected["step"])
         if self.located:
-            return "%-22s caught and located  (injected at %s)" % (self.fault, where)
+            return wording.fault_result(self.fault, "located", at=at)
         if self.caught:
-            return "%-22s caught, NOT located (injected at %s; compare said: %s)" % (self.fault, where,
-                                                                                    self.difference.line())
-        return "%-22s NOT caught          (injected at %s)" % (self.fault, where)
+            return wording.fault_result(self.fault, "caught", at=at, said=self.difference.line())
+        return wording.fault_result(self.fault, "missed", at=at)
 
 
 class CheckReport:
@@ -113,7 +112,7 @@ class CheckReport:
         return [r.fault for r in self.results if r.exercised and not r.located]
 
     def __str__(self):
-        lines = ["clean run: %s" % ("no difference" if self.clean else "DIFFERS\n" + str(self.clean))]
+        lines = [wording.clean_run(str(self.clean) if not self.clean else None)]
         lines += [r.line() for r in self.results]
         n_ex = sum(r.exercised for r in self.results)
         n_ok = sum(r.located for r in self.results)
@@ -122,7 +121,7 @@ class CheckReport:
             short = (sum(r.short for r in self.results), len(self.results), self.steps, self.needs)
         lines.append(wording.check_verdict(n_ok, n_ex, self.ok, short))
         if self.directory is not None:
-            lines.append("ledgers in %s" % self.directory)
+            lines.append(wording.ledgers_in(self.directory))
         return "\n".join(lines)
 
 

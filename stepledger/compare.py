@@ -5,7 +5,6 @@ runs in bounded memory whatever their length, and stops reading an env's
 streams at their first difference unless every difference is to be counted.
 """
 
-import json
 import os
 import socket
 import time
@@ -19,9 +18,8 @@ from . import wording
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
 from .read import pid_state, read, read_ledger
-from .spaces import GraphValue, digest_signature, is_variable_description, leaf_names, unflatten
-
-_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
+from .spaces import is_variable_description, leaf_names
+from .wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
 
 
 class EnvDifference:
@@ -48,29 +46,12 @@ class EnvDifference:
 
     def line(self):
         if self.what == "one_side":
-            other = "trainer" if self.side == "env" else "env"
-            return "env %d: recorded only on the %s side (%d events); the %s ledger has no stream for it" % (
-                self.env, self.side, self.env_events if self.side == "env" else self.trainer_events, other)
+            return wording.one_side_line(self.env, self.side,
+                                         self.env_events if self.side == "env" else self.trainer_events)
         if self.what == "length":
-            shorter = "trainer" if self.trainer_events < self.env_events else "env"
-            shared = min(self.env_events, self.trainer_events)
-            where = ("after episode %d, step %d" % (self.episode, self.step)) if shared else "before its first event"
-            return ("env %d: the %s stream stops early, %s (env side %d events, trainer side %d); "
-                    "the %d events both sides have agree" % (self.env, shorter, where, self.env_events,
-                                                            self.trainer_events, shared))
-        head = "env %d, episode %d, step %d: " % (self.env, self.episode, self.step)
-        verb = "differs" if len(self.fields) == 1 else "differ"
-        known = [f for f in self.fields if f in self.env_values and f in self.trainer_values]
-        text = head + ", ".join(self.fields) + " " + verb
-        if known:
-            parts = []
-            for f in known:
-                gave = "env gave %s, trainer received %s" % (self.env_values[f], self.trainer_values[f])
-                if f in self.detail:
-                    gave += ", first at %s" % self.detail[f]
-                parts.append(gave if len(self.fields) == 1 else "%s: %s" % (f, gave))
-            text += " (" + "; ".join(parts) + ")"
-        return text
+            return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events)
+        return wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
+                                       self.trainer_values, self.detail)
 
     def _json_values(self, values, side):
         """The printed values as JSON values: numbers, booleans, lists of numbers; text where not numeric."""
@@ -146,14 +127,12 @@ class Report:
         if self.count_all:
             for d in self.differences:
                 if d.counts:
-                    counts = ", ".join("%s %d" % (f, n) for f, n in d.counts.items() if n)
-                    out.append("env %d: events that differ, after and including the first: %s"
-                               % (d.env, counts or "none of the compared fields"))
+                    out.append(wording.counts_line(d.env, d.counts))
                     out += ["env %d: %s" % (d.env, text) for text in d.patterns]
-        out.append("%d of %d envs differ" % (len(self.differences), len(self.envs)))
+        out.append(wording.envs_differ(len(self.differences), len(self.envs)))
         out.extend(self.notes)
         if self.values_hint:
-            out.append(_HINT)
+            out.append(wording.VALUES_HINT)
         out += self.hints
         return out
 
@@ -181,10 +160,6 @@ def _json_size(leaves):
 
 # ---------------------------------------------------------------- settings
 
-_SETTINGS = (("reward_dtype", "reward dtype"), ("observation_space", "observation space"),
-             ("action_space", "action space"))
-
-
 def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
     """Refuse (LedgerError) when the two ledgers cannot be compared."""
     if env_meta.get("side") == "trainer" and trainer_meta.get("side") == "env":
@@ -200,19 +175,6 @@ def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
     msg = settings_difference(env_meta, trainer_meta)
     if msg:
         raise SettingsError(msg)
-
-
-def settings_difference(env_meta, trainer_meta):
-    """The line saying which setting the two sides recorded differently, or None.
-
-    Spaces that differ only in what digests do not depend on (Box bounds)
-    are the same setting. The live check asks this too, at the first token.
-    """
-    for key, _ in _SETTINGS:
-        a, b = env_meta.get(key), trainer_meta.get(key)
-        if (digest_signature(a) != digest_signature(b)) if key != "reward_dtype" else a != b:
-            return wording.different_settings(key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
-    return None
 
 
 def _digest_format(version):
@@ -333,78 +295,6 @@ def _ends_note(env_id, es, ts):
 
 # ---------------------------------------------------------------- values
 
-def _reward_text(bits, dtype):
-    bits = int(bits)
-    if bits == core.INVALID_DIGEST:
-        return "invalid"
-    if dtype == "float32":
-        return str(np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()])
-    return repr(float(np.array(bits, dtype=np.uint64).view(np.float64)[()]))
-
-
-def _array_text(arr, limit=12):
-    """Shortest round-trip digits per element; long arrays shortened with their shape."""
-    arr = np.asarray(arr)
-    if arr.ndim == 0:
-        return str(arr[()])
-    if arr.size <= limit:
-        return _nested(arr)
-    flat = arr.reshape(-1)
-    head = ", ".join(str(x) for x in flat[:3])
-    tail = ", ".join(str(x) for x in flat[-3:])
-    return "[%s, ..., %s] (shape %s)" % (head, tail, "x".join(str(d) for d in arr.shape))
-
-
-def _nested(arr):
-    if arr.ndim == 1:
-        return "[" + ", ".join(str(x) for x in arr) + "]"
-    return "[" + ", ".join(_nested(sub) for sub in arr) + "]"
-
-
-def _shape_text(shape):
-    return "(%s)" % "".join("%d," % d for d in shape) if len(shape) == 1 else "(%s)" % ", ".join(map(str, shape))
-
-
-def _leaf_text(arr, declared):
-    """A leaf's values; with its shape when that is not the space's (a value kept as it came)."""
-    text = _array_text(arr)
-    shape = np.shape(arr)
-    if declared is not None and tuple(shape) != tuple(declared):
-        text += " (shape %s, the space's is %s)" % (_shape_text(shape), _shape_text(declared))
-    return text
-
-
-def _value_text(value):
-    """A value rebuilt by spaces.unflatten, as a report prints it."""
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join("%r: %s" % (k, _value_text(v)) for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_value_text(v) for v in value) + "]"
-    if isinstance(value, GraphValue):
-        edges = "none" if value.edges is None else "%s, edge_links=%s" % (_array_text(value.edges),
-                                                                          _array_text(value.edge_links))
-        return "Graph(nodes=%s, edges=%s)" % (_array_text(value.nodes), edges)
-    if isinstance(value, tuple) and len(value) == 3 and value[0] == "stacked":
-        return "%d stacked: %s" % (value[1], _value_text(value[2]))
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_value_text(v) for v in value) + ")"
-    return _array_text(value)
-
-
-def _values_text(leaves, names, shapes=None, space=None):
-    if space is not None and is_variable_description(space):
-        try:
-            return _value_text(unflatten(space, leaves))
-        except (ValueError, TypeError):
-            return "[%s] (leaves that do not fit the space)" % ", ".join(_array_text(v) for v in leaves)
-    shapes = list(shapes) if shapes is not None and len(shapes) == len(leaves) else [None] * len(leaves)
-    if len(leaves) == 1 and names == [""]:
-        return _leaf_text(leaves[0], shapes[0])
-    return "{" + ", ".join("%s: %s" % (n, _leaf_text(v, d)) for n, v, d in zip(names, leaves, shapes)) + "}"
-
-
 def _first_element(env_leaves, tr_leaves, names):
     if len(env_leaves) != len(tr_leaves):
         return None
@@ -416,15 +306,6 @@ def _first_element(env_leaves, tr_leaves, names):
         if diff.size:
             idx = "[" + ", ".join(str(int(x)) for x in diff[0]) + "]" if a.ndim else ""
             return (name + idx) or "[]"
-    return None
-
-
-def _digest_text(h):
-    h = int(h)
-    if h == core.MISSING_DIGEST:
-        return "missing"
-    if h == core.INVALID_DIGEST:
-        return "invalid"
     return None
 
 
@@ -497,29 +378,28 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
     row_a = {k: v[0] for k, v in a.items()}
     row_b = {k: v[0] for k, v in b.items()}
     episode, step = position
-    if row_a["kind"] != row_b["kind"]:
-        return EnvDifference(env_id, "kind", index, episode, step, ("kind",),
-                             {"kind": S.KIND_NAMES.get(int(row_a["kind"]), str(row_a["kind"]))},
-                             {"kind": S.KIND_NAMES.get(int(row_b["kind"]), str(row_b["kind"]))})
-    fields = [f for f in S.FIELDS[1:] if row_a[S.FIELD_COLUMNS[f]] != row_b[S.FIELD_COLUMNS[f]]]
+    ours = {f: row_a[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
+    theirs = {f: row_b[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
+    if ours["kind"] != theirs["kind"]:
+        env_values, tr_values = wording.event_values(("kind",), ours, theirs, meta["reward_dtype"])
+        return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_values, tr_values)
+    fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
     env_values, tr_values, detail, raw = {}, {}, {}, {}
     for f in fields:
         col = S.FIELD_COLUMNS[f]
-        if f == "reward":
-            env_values[f] = _reward_text(row_a[col], meta["reward_dtype"])
-            tr_values[f] = _reward_text(row_b[col], meta["reward_dtype"])
-        elif f in ("terminated", "truncated"):
-            env_values[f], tr_values[f] = str(bool(row_a[col])), str(bool(row_b[col]))
+        if f not in ("obs", "action"):
+            a, b = wording.event_values((f,), ours, theirs, meta["reward_dtype"])
+            env_values.update(a), tr_values.update(b)
         else:
             which = "obs" if f == "obs" else "act"
             space = meta["observation_space" if f == "obs" else "action_space"]
             names = leaf_names(space)
             shapes = [shape for _, shape in S.space_leaves(space)]
             va, vb = env_stream.value_rows(which, index), tr_stream.value_rows(which, index)
-            ta, tb = _digest_text(row_a[col]), _digest_text(row_b[col])
+            ta, tb = wording.digest_text(row_a[col]), wording.digest_text(row_b[col])
             if va is not None and vb is not None or ta or tb:
-                env_values[f] = ta or (_values_text(va, names, shapes, space) if va is not None else None)
-                tr_values[f] = tb or (_values_text(vb, names, shapes, space) if vb is not None else None)
+                env_values[f] = ta or (wording.values_text(va, names, shapes, space) if va is not None else None)
+                tr_values[f] = tb or (wording.values_text(vb, names, shapes, space) if vb is not None else None)
                 if env_values[f] is None or tr_values[f] is None:
                     env_values.pop(f), tr_values.pop(f)
                 elif not (ta or tb) and not is_variable_description(space):

@@ -45,6 +45,7 @@ import numpy as np
 from . import _jsonout
 from . import _schema as S
 from . import core
+from . import wording
 from .__about__ import __version__
 from .errors import LedgerError
 from .ledgerfile import CHUNK, atomic_file, open_regular, read_small_npz
@@ -526,21 +527,6 @@ class EpisodeLogTap(gym.vector.VectorWrapper):
 
 # ---------------------------------------------------------------- the report
 
-def _num(x):
-    if x is None or (isinstance(x, float) and np.isnan(x)):
-        return "invalid"
-    return "%.8g" % x
-
-
-def _pair_text(a, b):
-    """Both numbers with enough digits to tell them apart."""
-    for p in (8, 10, 12, 17):
-        ta, tb = ("invalid" if np.isnan(a) else "%.*g" % (p, a)), ("invalid" if np.isnan(b) else "%.*g" % (p, b))
-        if ta != tb or a == b:
-            return ta, tb
-    return ta, tb
-
-
 class EpisodeDifference:
     """One line of an EpisodeReport.
 
@@ -563,42 +549,8 @@ class EpisodeDifference:
         self.n_logged, self.n_recorded, self.n_differ = n_logged, n_recorded, n_differ
 
     def line(self):
-        if self.what == "episode":
-            if "return" in self.fields:
-                lr, rr = _pair_text(self.logged[0], self.recorded[0])
-            else:  # within tolerance: the digits that agree
-                lr, rr = _num(self.logged[0]), _num(self.recorded[0])
-            text = ("env %d, episode %d: logged return %s over %d steps, env recorded return %s over %d steps"
-                    % (self.env, self.episode, lr, self.logged[1], rr, self.recorded[1]))
-            if self.n_logged is not None and self.n_logged != self.n_recorded:
-                text += " (the log has %d episodes of this env, the env recorded %d)" % (self.n_logged,
-                                                                                         self.n_recorded)
-            return text
-        if self.what == "count":
-            shared = min(self.n_logged, self.n_recorded)
-            more = "the log has %d more" % (self.n_logged - shared) if self.n_logged > shared else \
-                "the env recorded %d more, from episode %d on" % (self.n_recorded - shared, self.episode)
-            return ("env %d: the log has %d episodes, the env recorded %d completed ones: %s; the %d both have agree"
-                    % (self.env, self.n_logged, self.n_recorded, more, shared))
-        if self.what == "log_only":
-            return "env %d: the log has %d episodes of this env, but no env ledger records it" % (self.env,
-                                                                                                 self.n_logged)
-        if self.what == "extra":
-            return ("the log has %d more episodes than the envs recorded, from its episode %d on (logged return %s "
-                    "over %d steps)" % (self.n_logged, self.index, _num(self.logged[0]), self.logged[1]))
-        if self.what == "unlogged":
-            text = ("env %d, episode %d: env recorded return %s over %d steps; no logged episode matches it"
-                    % (self.env, self.episode, _num(self.recorded[0]), self.recorded[1]))
-            if self.n_differ and self.n_differ > 1:
-                text += " (%d episodes of this env are unmatched)" % self.n_differ
-            return text
-        if self.what == "unrecorded":
-            text = ("log episode %d: logged return %s over %d steps matches no episode the envs recorded"
-                    % (self.index, _num(self.logged[0]), self.logged[1]))
-            if self.n_differ and self.n_differ > 1:
-                text += " (%d logged episodes are unmatched)" % self.n_differ
-            return text
-        return "env %s: %s" % (self.env, self.what)
+        return wording.episode_difference(self.what, self.env, self.episode, self.index, self.logged, self.recorded,
+                                          self.fields, self.n_logged, self.n_recorded, self.n_differ)
 
     def to_dict(self):
         d = {"env": self.env, "type": self.what}
@@ -614,14 +566,6 @@ class EpisodeDifference:
                 d[key] = {"return": None if np.isnan(value[0]) else float(value[0]), "length": int(value[1])}
         d["line"] = self.line()
         return d
-
-
-_MODE_NOTES = {
-    "order": "note: the log has no env index; its episodes were paired with the envs' in completion order "
-             "(the vector step each ended at, then env index)",
-    "multiset": "note: episodes were matched as a multiset of (return, length), so a difference cannot be "
-                "pinned to one env for certain",
-}
 
 
 class EpisodeReport:
@@ -659,29 +603,22 @@ class EpisodeReport:
         if self.mode == "multiset":
             n_unlogged = sum(d.n_differ or 1 for d in self.differences if d.what == "unlogged")
             n_unrec = sum(d.n_differ or 1 for d in self.differences if d.what == "unrecorded")
-            out.append("%d of %d recorded episodes and %d of %d logged episodes are unmatched"
-                       % (n_unlogged, self.n_recorded, n_unrec, self.n_logged))
+            out.append(wording.episodes_unmatched(n_unlogged, self.n_recorded, n_unrec, self.n_logged))
         else:
-            out.append("%d of %d envs differ; %d of %d compared episodes differ"
-                       % (len(self.envs_differ()), len(self.envs), self.n_differ, self.n_compared))
-        if self.mode in _MODE_NOTES:
-            out.append(self.order_note or _MODE_NOTES[self.mode])
+            out.append(wording.episodes_differ(len(self.envs_differ()), len(self.envs), self.n_differ,
+                                               self.n_compared))
+        if self.mode in wording.EPISODE_MODE_NOTES:
+            out.append(self.order_note or wording.EPISODE_MODE_NOTES[self.mode])
         running = [n for _, n in self.unfinished.values()]
         if running:
-            span = "%d" % running[0] if min(running) == max(running) else "%d to %d" % (min(running), max(running))
-            out.append("note: %d unfinished episode%s (the last of %s env's ledger, %s steps so far) %s not compared"
-                       % (len(running), "" if len(running) == 1 else "s", "its" if len(running) == 1 else "their",
-                          span, "is" if len(running) == 1 else "are"))
+            out.append(wording.unfinished_episodes(running))
         n_cut = sum(len(v) for v in self.cut.values())
         if n_cut:
-            out.append("note: %d episodes ended by a reset before terminated or truncated are not compared "
-                       "(trainers' logs skip them too)" % n_cut)
+            out.append(wording.cut_episodes(n_cut))
         if self.stray_steps:
-            out.append("note: %d steps outside any episode (after an episode's end or before the first reset) "
-                       "are not compared" % sum(self.stray_steps.values()))
+            out.append(wording.stray_steps(sum(self.stray_steps.values())))
         if self.partial:
-            out.append("note: the env ledger is partial: its process stopped before writing it, so it was read "
-                       "from its spilled segments")
+            out.append(wording.PARTIAL_EPISODES)
         return out
 
     def __str__(self):
@@ -884,8 +821,7 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
     if match == "auto":
         mode = "env" if log.env is not None else ("order" if derivable else "multiset")
         if mode == "multiset":
-            note = ("note: the log has no env index and the envs' completion order cannot be derived (their streams "
-                    "hold different numbers of steps), so episodes were matched as a multiset of (return, length)")
+            note = wording.MULTISET_BY_DEFAULT
     else:
         mode = match
     if mode == "env":
@@ -896,8 +832,7 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
     elif mode == "order":
         envs, diffs, n_compared, n_differ = _in_order(recorded, log, rtol, atol)
         if not derivable:
-            note = ("note: episodes were paired in completion order, but the envs' streams hold different numbers "
-                    "of steps, so that order is a guess")
+            note = wording.ORDER_GUESSED
     else:
         envs, diffs, n_compared, n_differ = _multiset(recorded, log, rtol, atol)
     return EpisodeReport(mode, envs, diffs, n_compared, n_differ, recorded, log, rtol, atol, note)

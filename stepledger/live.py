@@ -50,39 +50,24 @@ def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
 
     ``trainer_event`` is (kind, h_obs, h_act, h_rew, terminated, truncated).
     """
-    from .compare import EnvDifference, _digest_text, _reward_text
     parsed = unpack_token(token)
     if parsed is None:
-        return BoundaryFault("env %d: the live token is damaged (%r)" % (env, token), env, None, None, ("token",))
+        return BoundaryFault(wording.damaged_token(env, token), env, None, None, ("token",))
     index, counter, episode, step, kind, h_obs, h_act, h_rew, te, tr = parsed
     if index != env:
         return BoundaryFault(wording.mixed_up_live(env, index, episode, step), env, episode, step, ("env",))
     if counter != counter_expected:
-        return BoundaryFault("env %d, episode %d, step %d: events out of order: the env sent its event %d where "
-                             "the trainer expected event %d" % (env, episode, step, counter, counter_expected),
+        return BoundaryFault(wording.out_of_order(env, episode, step, counter, counter_expected),
                              env, episode, step, ("order",))
     t_kind, t_obs, t_act, t_rew, t_te, t_tr = trainer_event
-    if kind != t_kind:
-        d = EnvDifference(env, "kind", counter, episode, step, ("kind",), {"kind": S.KIND_NAMES.get(kind, str(kind))},
-                          {"kind": S.KIND_NAMES.get(t_kind, str(t_kind))})
-        return BoundaryFault(d.line(), env, episode, step, ("kind",), d.env_values, d.trainer_values)
-    ours = {"action": h_act, "obs": h_obs, "reward": h_rew, "terminated": te, "truncated": tr}
-    theirs = {"action": t_act, "obs": t_obs, "reward": t_rew, "terminated": t_te, "truncated": t_tr}
-    fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
+    ours = {"kind": kind, "action": h_act, "obs": h_obs, "reward": h_rew, "terminated": te, "truncated": tr}
+    theirs = {"kind": t_kind, "action": t_act, "obs": t_obs, "reward": t_rew, "terminated": t_te, "truncated": t_tr}
+    fields = ["kind"] if kind != t_kind else [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
     if not fields:
         return None
-    env_values, tr_values = {}, {}
-    for f in fields:
-        if f == "reward":
-            env_values[f], tr_values[f] = _reward_text(ours[f], reward_dtype), _reward_text(theirs[f], reward_dtype)
-        elif f in ("terminated", "truncated"):
-            env_values[f], tr_values[f] = str(bool(ours[f])), str(bool(theirs[f]))
-        else:
-            a, b = _digest_text(ours[f]), _digest_text(theirs[f])
-            if a or b:
-                env_values[f], tr_values[f] = a or "a value", b or "a value"
-    d = EnvDifference(env, "fields", counter, episode, step, fields, env_values, tr_values)
-    return BoundaryFault(d.line(), env, episode, step, fields, env_values, tr_values)
+    env_values, tr_values = wording.event_values(fields, ours, theirs, reward_dtype)
+    line = wording.difference_line(env, episode, step, fields, env_values, tr_values)
+    return BoundaryFault(line, env, episode, step, fields, env_values, tr_values)
 
 
 def settings_of(reward_dtype, obs_layout, act_layout):
@@ -134,7 +119,6 @@ class LiveCheck:
         """
         if values is None or self.settings is None:
             return
-        from .compare import settings_difference
         for i, value in enumerate(values):
             if not isinstance(value, (bytes, str)):
                 continue
@@ -142,7 +126,7 @@ class LiveCheck:
                 theirs = json.loads(value)
             except (ValueError, RecursionError):
                 continue
-            text = settings_difference(theirs, self.settings)
+            text = wording.settings_difference(theirs, self.settings)
             if text:
                 raise SettingsError(wording.live_settings(self.owner, i, text))
 
@@ -158,17 +142,12 @@ class LiveCheck:
                 kind = self.rec.event(i, j)[0]
                 ep, st = int(self.rec.token_episode[i]), int(self.rec.token_step[i])
                 ep, st = (ep + 1, 0) if kind == S.KIND_RESET else (ep, st + 1)
-                pending.append(BoundaryFault(
-                    "env %d, episode %d, step %d: the trainer received a %s the env did not give (no live token: "
-                    "a step skipped and filled in on the way?)" % (i, ep, st, S.KIND_NAMES.get(kind, "event")),
-                    i, ep, st, ("kind",)))
+                pending.append(BoundaryFault(wording.event_not_given(i, ep, st, kind), i, ep, st, ("kind",)))
                 continue
             if token is None:
                 if i not in self._silent:
                     self._silent.add(i)
-                    warnings.warn("%s: env %d's events arrive without a live token (is LedgerEnv(live=True) "
-                                  "outermost in its worker, and does the bridge carry info?); the live check is "
-                                  "not active for env %d" % (self.owner, i, i), stacklevel=4)
+                    warnings.warn(wording.no_live_token(self.owner, i), stacklevel=4)
                 continue
             expected = int(self.rec.counts[i]) - self.rec.events_in_call(i) + j
             parsed = unpack_token(token)

@@ -1,9 +1,18 @@
-"""Report wording that names a cause: each line is worded here, once.
+"""Report wording: each line a report prints is worded here, once.
 
 compare, the live check, ``stepledger check`` and the episode check import
-these functions; none of them composes these sentences itself. (The per-env
-difference lines are still composed in ``compare.EnvDifference.line``.)
+these functions; none of them composes these sentences itself. A differing
+event, whether compare finds it in two ledgers or the live check in a token,
+is worded by ``difference_line`` from the texts of ``event_values``.
 """
+
+import json
+
+import numpy as np
+
+from . import _schema as S
+from . import core
+from .spaces import GraphValue, digest_signature, is_variable_description, unflatten
 
 # Wrappers that change values on purpose, by what they change: the hint that names them.
 WRAPPERS_BY_FIELD = {
@@ -172,6 +181,28 @@ def no_episode_end(env, made, time_limit=None):
         env, made)
 
 
+def fault_result(fault, outcome, reason=None, at=None, said=None):
+    """One fault's line: ``outcome`` is "not exercised" (for ``reason``), "located", "caught" (not located:
+    ``said`` is compare's line) or "missed"; ``at`` is (env, episode, step) where it was injected."""
+    if outcome == "not exercised":
+        return "%-22s not exercised (%s)" % (fault, reason)
+    where = place(*at)
+    if outcome == "located":
+        return "%-22s caught and located  (injected at %s)" % (fault, where)
+    if outcome == "caught":
+        return "%-22s caught, NOT located (injected at %s; compare said: %s)" % (fault, where, said)
+    return "%-22s NOT caught          (injected at %s)" % (fault, where)
+
+
+def clean_run(report_text=None):
+    """The check's first line: the run without faults; ``report_text`` is compare's report where it differs."""
+    return "clean run: %s" % ("no difference" if report_text is None else "DIFFERS\n" + report_text)
+
+
+def ledgers_in(directory):
+    return "ledgers in %s" % directory
+
+
 def check_verdict(n_located, n_exercised, ok, short=None):
     """The check's last line. ``short`` is (faults without an opportunity, faults, steps, steps needed)."""
     if short is not None:
@@ -200,6 +231,311 @@ def different_settings(key, env_text, trainer_text):
                   "between a ledger and the vector env: %s" % PLACEMENT)
 
 
+def settings_difference(env_meta, trainer_meta):
+    """The line saying which setting the two sides recorded differently, or None.
+
+    Spaces that differ only in what digests do not depend on (Box bounds)
+    are the same setting. Offline compare asks this of the two metas, the
+    live check of the settings sent with an env's first token.
+    """
+    for key in SETTING_NAMES:
+        a, b = env_meta.get(key), trainer_meta.get(key)
+        if (digest_signature(a) != digest_signature(b)) if key != "reward_dtype" else a != b:
+            return different_settings(key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+    return None
+
+
 def live_settings(owner, env, text):
     """The live check refuses at an env's first token: its LedgerEnv records with other settings."""
     return "%s: env %d's LedgerEnv(live=True) records with other settings than this ledger: %s" % (owner, env, text)
+
+
+# ---------------------------------------------------------------- a differing event
+
+def place(env, episode, step):
+    """Where an event is, as every report line names it."""
+    return "env %d, episode %d, step %d" % (env, episode, step)
+
+
+def kind_text(kind):
+    kind = int(kind)
+    return S.KIND_NAMES.get(kind, str(kind))
+
+
+def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None):
+    """One differing event: its place, the fields that differ and, where known, both sides' values.
+
+    ``env_values`` and ``trainer_values`` map a field to its printed value
+    (``event_values``, ``values_text``); ``detail`` a field to the first
+    element that differs.
+    """
+    detail = detail or {}
+    verb = "differs" if len(fields) == 1 else "differ"
+    known = [f for f in fields if f in env_values and f in trainer_values]
+    text = "%s: %s %s" % (place(env, episode, step), ", ".join(fields), verb)
+    if known:
+        parts = []
+        for f in known:
+            gave = "env gave %s, trainer received %s" % (env_values[f], trainer_values[f])
+            if f in detail:
+                gave += ", first at %s" % detail[f]
+            parts.append(gave if len(fields) == 1 else "%s: %s" % (f, gave))
+        text += " (" + "; ".join(parts) + ")"
+    return text
+
+
+def one_side_line(env, side, events):
+    """An env recorded on one side only."""
+    other = "trainer" if side == "env" else "env"
+    return "env %d: recorded only on the %s side (%d events); the %s ledger has no stream for it" % (
+        env, side, events, other)
+
+
+def length_line(env, episode, step, env_events, trainer_events):
+    """Two streams that agree as far as both go, in a run that ended cleanly: one stops early."""
+    shorter = "trainer" if trainer_events < env_events else "env"
+    shared = min(env_events, trainer_events)
+    where = ("after episode %d, step %d" % (episode, step)) if shared else "before its first event"
+    return ("env %d: the %s stream stops early, %s (env side %d events, trainer side %d); "
+            "the %d events both sides have agree" % (env, shorter, where, env_events, trainer_events, shared))
+
+
+def event_values(fields, ours, theirs, reward_dtype):
+    """Both sides' printed values of the differing fields that the digests alone tell.
+
+    ``ours`` and ``theirs`` map a field to its column value (reward bits,
+    flags, digests). Rewards and flags are always known; an obs or action
+    digest only when it is the missing or invalid marker (its values are
+    worded by ``values_text``, where kept). Returns (env values, trainer values).
+    """
+    env_values, tr_values = {}, {}
+    for f in fields:
+        if f == "kind":
+            env_values[f], tr_values[f] = kind_text(ours[f]), kind_text(theirs[f])
+        elif f == "reward":
+            env_values[f], tr_values[f] = reward_text(ours[f], reward_dtype), reward_text(theirs[f], reward_dtype)
+        elif f in ("terminated", "truncated"):
+            env_values[f], tr_values[f] = str(bool(ours[f])), str(bool(theirs[f]))
+        else:
+            a, b = digest_text(ours[f]), digest_text(theirs[f])
+            if a or b:
+                env_values[f], tr_values[f] = a or "a value", b or "a value"
+    return env_values, tr_values
+
+
+def counts_line(env, counts):
+    """With --all: how many events differ per field, after and including the first."""
+    text = ", ".join("%s %d" % (f, n) for f, n in counts.items() if n)
+    return "env %d: events that differ, after and including the first: %s" % (env, text or "none of the compared "
+                                                                                           "fields")
+
+
+def envs_differ(n_differ, n_envs):
+    return "%d of %d envs differ" % (n_differ, n_envs)
+
+
+VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
+
+
+# ---------------------------------------------------------------- the episode check
+
+def _num(x):
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "invalid"
+    return "%.8g" % x
+
+
+def _pair_text(a, b):
+    """Both numbers with enough digits to tell them apart."""
+    for p in (8, 10, 12, 17):
+        ta, tb = ("invalid" if np.isnan(a) else "%.*g" % (p, a)), ("invalid" if np.isnan(b) else "%.*g" % (p, b))
+        if ta != tb or a == b:
+            return ta, tb
+    return ta, tb
+
+
+def episode_difference(what, env, episode, index, logged, recorded, fields, n_logged, n_recorded, n_differ):
+    """One line of the episode check (see episodes.EpisodeDifference for what each argument is)."""
+    if what == "episode":
+        if "return" in fields:
+            lr, rr = _pair_text(logged[0], recorded[0])
+        else:  # within tolerance: the digits that agree
+            lr, rr = _num(logged[0]), _num(recorded[0])
+        text = ("env %d, episode %d: logged return %s over %d steps, env recorded return %s over %d steps"
+                % (env, episode, lr, logged[1], rr, recorded[1]))
+        if n_logged is not None and n_logged != n_recorded:
+            text += " (the log has %d episodes of this env, the env recorded %d)" % (n_logged, n_recorded)
+        return text
+    if what == "count":
+        shared = min(n_logged, n_recorded)
+        more = "the log has %d more" % (n_logged - shared) if n_logged > shared else \
+            "the env recorded %d more, from episode %d on" % (n_recorded - shared, episode)
+        return ("env %d: the log has %d episodes, the env recorded %d completed ones: %s; the %d both have agree"
+                % (env, n_logged, n_recorded, more, shared))
+    if what == "log_only":
+        return "env %d: the log has %d episodes of this env, but no env ledger records it" % (env, n_logged)
+    if what == "extra":
+        return ("the log has %d more episodes than the envs recorded, from its episode %d on (logged return %s "
+                "over %d steps)" % (n_logged, index, _num(logged[0]), logged[1]))
+    if what == "unlogged":
+        text = ("env %d, episode %d: env recorded return %s over %d steps; no logged episode matches it"
+                % (env, episode, _num(recorded[0]), recorded[1]))
+        if n_differ and n_differ > 1:
+            text += " (%d episodes of this env are unmatched)" % n_differ
+        return text
+    if what == "unrecorded":
+        text = ("log episode %d: logged return %s over %d steps matches no episode the envs recorded"
+                % (index, _num(logged[0]), logged[1]))
+        if n_differ and n_differ > 1:
+            text += " (%d logged episodes are unmatched)" % n_differ
+        return text
+    return "env %s: %s" % (env, what)
+
+
+def episodes_unmatched(n_unlogged, n_recorded, n_unrecorded, n_logged):
+    return ("%d of %d recorded episodes and %d of %d logged episodes are unmatched"
+            % (n_unlogged, n_recorded, n_unrecorded, n_logged))
+
+
+def episodes_differ(n_envs_differ, n_envs, n_differ, n_compared):
+    return "%d of %d envs differ; %d of %d compared episodes differ" % (n_envs_differ, n_envs, n_differ, n_compared)
+
+
+EPISODE_MODE_NOTES = {
+    "order": "note: the log has no env index; its episodes were paired with the envs' in completion order "
+             "(the vector step each ended at, then env index)",
+    "multiset": "note: episodes were matched as a multiset of (return, length), so a difference cannot be "
+                "pinned to one env for certain",
+}
+MULTISET_BY_DEFAULT = ("note: the log has no env index and the envs' completion order cannot be derived (their "
+                       "streams hold different numbers of steps), so episodes were matched as a multiset of "
+                       "(return, length)")
+ORDER_GUESSED = ("note: episodes were paired in completion order, but the envs' streams hold different numbers of "
+                 "steps, so that order is a guess")
+PARTIAL_EPISODES = ("note: the env ledger is partial: its process stopped before writing it, so it was read from its "
+                    "spilled segments")
+
+
+def unfinished_episodes(running):
+    """``running``: the steps so far of each env's last, unfinished episode."""
+    span = "%d" % running[0] if min(running) == max(running) else "%d to %d" % (min(running), max(running))
+    one = len(running) == 1
+    return ("note: %d unfinished episode%s (the last of %s env's ledger, %s steps so far) %s not compared"
+            % (len(running), "" if one else "s", "its" if one else "their", span, "is" if one else "are"))
+
+
+def cut_episodes(n_cut):
+    return ("note: %d episodes ended by a reset before terminated or truncated are not compared (trainers' logs "
+            "skip them too)" % n_cut)
+
+
+def stray_steps(n):
+    return "note: %d steps outside any episode (after an episode's end or before the first reset) are not compared" % n
+
+
+# ---------------------------------------------------------------- the live check
+
+def damaged_token(env, token):
+    return "env %d: the live token is damaged (%r)" % (env, token)
+
+
+def out_of_order(env, episode, step, counter, expected):
+    return ("%s: events out of order: the env sent its event %d where the trainer expected event %d"
+            % (place(env, episode, step), counter, expected))
+
+
+def event_not_given(env, episode, step, kind):
+    """Tokens were arriving, and this event has none: the env never produced it."""
+    return ("%s: the trainer received a %s the env did not give (no live token: a step skipped and filled in on "
+            "the way?)" % (place(env, episode, step), S.KIND_NAMES.get(kind, "event")))
+
+
+def no_live_token(owner, env):
+    return ("%s: env %d's events arrive without a live token (is LedgerEnv(live=True) outermost in its worker, and "
+            "does the bridge carry info?); the live check is not active for env %d" % (owner, env, env))
+
+
+# ---------------------------------------------------------------- values
+
+def reward_text(bits, dtype):
+    """A reward from its stored bits: the shortest digits that round-trip."""
+    bits = int(bits)
+    if bits == core.INVALID_DIGEST:
+        return "invalid"
+    if dtype == "float32":
+        return str(np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()])
+    return repr(float(np.array(bits, dtype=np.uint64).view(np.float64)[()]))
+
+
+def digest_text(h):
+    """A digest that is a marker ("missing", "invalid"), or None for a digest of a value."""
+    h = int(h)
+    if h == core.MISSING_DIGEST:
+        return "missing"
+    if h == core.INVALID_DIGEST:
+        return "invalid"
+    return None
+
+
+def array_text(arr, limit=12):
+    """Shortest round-trip digits per element; long arrays shortened with their shape."""
+    arr = np.asarray(arr)
+    if arr.ndim == 0:
+        return str(arr[()])
+    if arr.size <= limit:
+        return _nested(arr)
+    flat = arr.reshape(-1)
+    head = ", ".join(str(x) for x in flat[:3])
+    tail = ", ".join(str(x) for x in flat[-3:])
+    return "[%s, ..., %s] (shape %s)" % (head, tail, "x".join(str(d) for d in arr.shape))
+
+
+def _nested(arr):
+    if arr.ndim == 1:
+        return "[" + ", ".join(str(x) for x in arr) + "]"
+    return "[" + ", ".join(_nested(sub) for sub in arr) + "]"
+
+
+def _shape_text(shape):
+    return "(%s)" % "".join("%d," % d for d in shape) if len(shape) == 1 else "(%s)" % ", ".join(map(str, shape))
+
+
+def _leaf_text(arr, declared):
+    """A leaf's values; with its shape when that is not the space's (a value kept as it came)."""
+    text = array_text(arr)
+    shape = np.shape(arr)
+    if declared is not None and tuple(shape) != tuple(declared):
+        text += " (shape %s, the space's is %s)" % (_shape_text(shape), _shape_text(declared))
+    return text
+
+
+def _value_text(value):
+    """A value rebuilt by spaces.unflatten, as a report prints it."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join("%r: %s" % (k, _value_text(v)) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, GraphValue):
+        edges = "none" if value.edges is None else "%s, edge_links=%s" % (array_text(value.edges),
+                                                                          array_text(value.edge_links))
+        return "Graph(nodes=%s, edges=%s)" % (array_text(value.nodes), edges)
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "stacked":
+        return "%d stacked: %s" % (value[1], _value_text(value[2]))
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_value_text(v) for v in value) + ")"
+    return array_text(value)
+
+
+def values_text(leaves, names, shapes=None, space=None):
+    """A kept value from its leaves (named ``names``, of the space's ``shapes``), as a report prints it."""
+    if space is not None and is_variable_description(space):
+        try:
+            return _value_text(unflatten(space, leaves))
+        except (ValueError, TypeError):
+            return "[%s] (leaves that do not fit the space)" % ", ".join(array_text(v) for v in leaves)
+    shapes = list(shapes) if shapes is not None and len(shapes) == len(leaves) else [None] * len(leaves)
+    if len(leaves) == 1 and names == [""]:
+        return _leaf_text(leaves[0], shapes[0])
+    return "{" + ", ".join("%s: %s" % (n, _leaf_text(v, d)) for n, v, d in zip(names, leaves, shapes)) + "}"
