@@ -38,7 +38,9 @@ def final_obs_at(info, i):
 
 def _row(batch, i):
     if isinstance(batch, dict):
-        return {k: _row(v, i) for k, v in batch.items() if not (isinstance(k, str) and k.startswith("_"))}
+        # "_key" is the mask of "key"; a key of the space may itself start with "_" (its mask is "__key")
+        return {k: _row(v, i) for k, v in batch.items()
+                if not (isinstance(k, str) and k.startswith("_") and k[1:] in batch)}
     return batch[i]
 
 
