@@ -99,6 +99,9 @@ STATES = (STATE_OPEN, STATE_CLOSED, STATE_INTERRUPTED, STATE_EXIT, STATE_SIGNAL)
 TMP_INFIX = ".tmp-"        # NAME.tmp-{pid}-{random}: a write in progress, or cut short
 LOCK_SUFFIX = ".lock"      # NAME.lock: the process recording NAME (JSON: pid, host, writer)
 DUPLICATE_INFIX = ".dup-"  # env-3.dup-{writer}.npz: a second recording of env-3.npz at the same time
+# env-unindexed-{random}.npz: a LedgerEnv that had no index at its first event (index= not given,
+# nor set_index(), nor the trainer side's link); its one stream has the placeholder env_index 0.
+UNINDEXED_PREFIX = "env-unindexed-"
 
 # The attribute through which the trainer side tells each env-side ledger its run and its
 # position in the vector env (the vector env's set_attr, or SB3's env_method).

@@ -14,6 +14,7 @@ import sys
 
 from . import _jsonout
 from . import _schema as S
+from . import wording
 from .__about__ import __version__
 from .errors import LedgerError
 from .progress import Progress
@@ -89,6 +90,8 @@ def _show(args):
         if args.json:
             print(_jsonout.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
                                   "streams": streams, "leftover_stages": leftovers[0],
+                                  "unindexed": [{"name": n, "events": k, "position": m.get(S.META_POSITION)}
+                                                for n, m, k, _ in getattr(ledger, "unindexed", [])],
                                   "leftovers": [{"name": n, "why": w} for n, w in left]}))
             return EXIT_OK
         print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
@@ -104,6 +107,8 @@ def _show(args):
             print("  not a ledger: %s (%s)" % (name, why))
         for name, why in getattr(ledger, "skipped", []):
             print("  not read: %s %s" % (name, why))
+        for name, meta, events, _ in getattr(ledger, "unindexed", []):
+            print("  not read: %s" % wording.unindexed_note(name, events, meta.get(S.META_POSITION)))
     return EXIT_OK
 
 

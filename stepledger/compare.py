@@ -17,7 +17,7 @@ from . import core
 from . import wording
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
-from .read import pid_state, read, read_ledger
+from .read import FIRST_EVENTS, pid_state, read, read_ledger
 from .spaces import is_variable_description, leaf_names
 from .wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
 
@@ -454,7 +454,7 @@ class _Where:
         return out
 
 
-_MATCH_EVENTS = 4096  # events compared when looking for an env file that matches another env's stream
+_MATCH_EVENTS = FIRST_EVENTS  # events compared when looking for an env file that matches another env's stream
 
 
 def _prefix(stream):
@@ -498,6 +498,27 @@ def _index_hint(report, env_ledger, tr_ledger):
     # two envs were given index e and one file overwrote the other
     duplicates = sorted({e for e, t in pairs if e in unmatched and t not in env_ledger.streams})
     return wording.index_hint(pairs, unmatched, duplicates)
+
+
+def _unindexed_notes(env_ledger, tr_ledger):
+    """A line for each env ledger recorded without an index, with the trainer stream its first events match:
+    one of the trainer's envs that has no env ledger of its own, looked at first, else any."""
+    lines = []
+    if not env_ledger.unindexed:
+        return lines
+    order = sorted(tr_ledger.streams, key=lambda t: (t in env_ledger.streams, t))
+    prefixes = {}
+    for name, meta, events, first in env_ledger.unindexed:
+        match = None
+        for t in order:
+            if t not in prefixes:
+                prefixes[t] = _prefix(tr_ledger.streams[t])
+            if _prefixes_match(first, prefixes[t]):
+                match = t
+                break
+        position = meta.get(S.META_POSITION)
+        lines.append(wording.unindexed_note(name, events, position if isinstance(position, int) else None, match))
+    return lines
 
 
 def cause_hints(report, env_ledger, tr_ledger):
@@ -560,6 +581,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         for name, idx, dup_meta in env_ledger.duplicates:
             notes.append("%s and env-%d.npz both recorded env %d at the same time: two LedgerEnvs were given "
                          "index=%d; %s was not compared" % (name, idx, idx, idx, name))
+        notes += _unindexed_notes(env_ledger, tr_ledger)
         for idx, stream in env_ledger.streams.items():
             position = stream.meta.get(S.META_POSITION)
             if isinstance(position, int) and position != idx:

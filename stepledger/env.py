@@ -14,7 +14,7 @@ from . import _schema as S
 from ._schema import SETTINGS_KEY, TOKEN_KEY
 from .errors import LedgerError
 from .live import settings_message
-from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
+from .recording import Recording, attend, check_directory, check_path, check_reward_dtype, open_recording
 from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
 
@@ -63,7 +63,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             loses at most about this much of its record.
     """
 
-    def __init__(self, env, directory, index, reward_dtype=np.float32, keep_values=False, live=False,
+    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, live=False,
                  flush_interval=None):
         gym.utils.RecordConstructorArgs.__init__(self, directory=directory, index=index,
                                                  reward_dtype=reward_dtype, keep_values=keep_values, live=live,
@@ -71,69 +71,158 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         if directory is not None or not live:
             directory = check_path(directory, "LedgerEnv", "directory")
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-            raise ValueError("LedgerEnv: index must be the env's position in the vector env "
-                             "(a non-negative int), got %r" % (index,))
+        if index is not None:
+            _check_index(index, "LedgerEnv: index")
         if keep_values and directory is None:
             raise ValueError("LedgerEnv: keep_values=True needs a directory to write the values to")
-        dtype = check_reward_dtype(reward_dtype, "LedgerEnv")
-        interval = resolve_flush_interval(flush_interval, "LedgerEnv")
+        self._dtype = check_reward_dtype(reward_dtype, "LedgerEnv")
+        self._interval = resolve_flush_interval(flush_interval, "LedgerEnv")
         if directory is not None and not storage.is_remote(directory):
             if os.path.splitext(directory)[1].lower() == ".npz" and not os.path.isdir(directory):
                 raise LedgerError("LedgerEnv: directory %r looks like a ledger file; give the directory the env "
-                                  "ledgers go to (LedgerEnv writes env-%d.npz inside it)" % (directory, index))
+                                  "ledgers go to (LedgerEnv writes env-N.npz inside it)" % (directory,))
             check_directory(directory, "LedgerEnv")
-        obs_layout = LeafLayout(env.observation_space, "LedgerEnv: observation_space")
-        act_layout = LeafLayout(env.action_space, "LedgerEnv: action_space")
-        self.index = int(index)
+        elif directory is not None and index is None:
+            # the URL's one-line errors now, not at the first event (the Recording checks again then)
+            storage.check_writable(storage.join(directory, S.UNINDEXED_PREFIX + "probe.npz"))
+        self._obs_layout = LeafLayout(env.observation_space, "LedgerEnv: observation_space")
+        self._act_layout = LeafLayout(env.action_space, "LedgerEnv: action_space")
+        self._directory = directory
+        self._keep_values = bool(keep_values)
         self.live = bool(live)
+        self.index = None      # the env's index once given: index=, set_index() or the trainer side's link
+        self._index_from = None
+        self._link = None      # (run, position) the trainer side told before the recording began
+        self._recording = None
+        self._rec = _FirstEvent(self)  # stands in for the recorder until the index is known or an event comes
+        self._started = False
+        self._warned_position = False
+        if index is not None:
+            self._start(int(index), "index=")
+
+    def _start(self, index, source):
+        """Set up the recording of env ``index`` (None: no index at the first event, see _begin)."""
+        directory = self._directory
         if directory is None:
             # live check only: no file, and a buffer emptied at every event, so memory stays constant
-            self._recording = None
-            buffer = core.StreamBuffer(16)
+            recording, buffer = None, core.StreamBuffer(16)
         else:
-            path = storage.join(directory, "env-%d.npz" % int(index))  # a URL stays a URL
-            self._recording = Recording(path, "env", [self.index], obs_layout, act_layout, dtype, keep_values,
-                                        interval=interval, owner="LedgerEnv")
-            buffer = self._recording.buffers[0]
-        self._buffer = buffer
+            # a URL stays a URL
+            name = "env-%d.npz" % index if index is not None else S.UNINDEXED_PREFIX + os.urandom(4).hex() + ".npz"
+            path = storage.join(directory, name)
+            if source not in ("index=", None):
+                # given later, so never a throwaway env built only for its spaces: a second LedgerEnv of this
+                # index in this process is a mistake (a vector env's call() gives every env the same index)
+                other = open_recording(path)
+                if other is not None:
+                    raise LedgerError(wording.index_taken(index, other.path))
+            recording = Recording(path, "env", [0 if index is None else index], self._obs_layout,
+                                  self._act_layout, self._dtype, self._keep_values, interval=self._interval,
+                                  owner="LedgerEnv")
+            recording.deferred = source not in ("index=", None)
+            buffer = recording.buffers[0]
+            if self._link is not None:
+                recording.link(*self._link)
+        keep = recording.values[0].append if self._keep_values else None
+        self._rec = core.EventRecorder(buffer, self._obs_layout, self._act_layout, self._dtype == np.float32, keep)
+        self._recording, self._buffer = recording, buffer
+        self.index, self._index_from, self._started = index, source, True
         self._started_ns, self._written = time.time_ns(), None  # to notice another writer of the same file
-        keep = self._recording.values[0].append if keep_values else None
-        self._rec = core.EventRecorder(buffer, obs_layout, act_layout, dtype == np.float32, keep)
         # sent once, with the first event's token, so that the trainer side can refuse other settings at once
-        self._settings = settings_message(dtype.name, obs_layout, act_layout) if live else None
-        self._warned_position = False
+        self._settings = settings_message(self._dtype.name, self._obs_layout, self._act_layout) if self.live \
+            else None
+
+    def _begin(self):
+        """The first event is here: its index is fixed now. With none given, the events are not lost:
+        they are recorded to ``env-unindexed-{random}.npz``, which compare names."""
+        if not self._started:
+            if self.live:
+                raise LedgerError(wording.live_without_index())
+            self._start(None, None)
+            if self._recording is not None:
+                warnings.warn(wording.unindexed_warning(self._recording.path), RuntimeWarning, stacklevel=4)
+        return self._rec
+
+    def _events(self):
+        return self._rec.counter if self._started else 0
+
+    def set_index(self, index):
+        """Give this env its index (its position in the trainer's vector env), if ``index=`` was not given.
+
+        Before its first event: that event fixes the index. Through wrappers:
+        ``env.get_wrapper_attr("set_index")(i)``; each env of a vector env:
+        ``envs.set_attr("stepledger_index", [i0, i1, ...])`` (Gymnasium) or
+        ``venv.env_method("set_wrapper_attr", "stepledger_index", i, indices=[i])``
+        (SB3). Giving the index it already has does nothing; another index,
+        or any index after the first event, raises LedgerError.
+        """
+        _check_index(index, "LedgerEnv.set_index: index")
+        index = int(index)
+        if self._started:
+            if index == self.index:
+                return
+            if self.index is None or self._events():
+                raise LedgerError(wording.index_after_events(index, self.index, self._events(), self.ledger_path))
+            raise LedgerError(wording.index_given_twice(self.index, self._index_from, index))
+        self._start(index, "set_index()")
+
+    @property
+    def stepledger_index(self):
+        """The env's index (None until given): setting it calls ``set_index``, so a vector env's
+        ``set_attr("stepledger_index", [...])`` gives each env its own."""
+        return self.index
+
+    @stepledger_index.setter
+    def stepledger_index(self, index):
+        self.set_index(index)
 
     @property
     def ledger_path(self):
-        """Where the ledger is written (``env-N.dup-*.npz`` if another live process records env N)."""
+        """Where the ledger is written (``env-N.dup-*.npz`` if another live process records env N; None
+        until the index is given or the first event is recorded)."""
         return None if self._recording is None else self._recording.path
 
     @property
     def stepledger_link(self):
         """(run, position): what the trainer-side ledger told this env (None until it does)."""
         rec = self._recording
-        return None if rec is None or rec.run is None else (rec.run, rec.position)
+        if rec is None:
+            return self._link
+        return None if rec.run is None else (rec.run, rec.position)
 
     @stepledger_link.setter
     def stepledger_link(self, value):
         # Set by the trainer side through the vector env's set_attr (or SB3's env_method):
-        # the run this ledger belongs to, and this env's position in the vector env.
+        # the run this ledger belongs to, and this env's position in the vector env. It never
+        # raises: the trainer side cannot tell a refusal from a vector env without LedgerEnvs.
         try:
             run, position = value
             position = int(position)
         except (TypeError, ValueError):
             return
-        if position != self.index and not self._warned_position:
+        self._link = (run, position)
+        if not self._started:
+            # no index yet: the trainer side's position is the index
+            try:
+                self._start(position, "the trainer side's link")
+            except LedgerError as exc:
+                warnings.warn("stepledger: %s" % exc, RuntimeWarning, stacklevel=2)
+                return
+        elif position != self.index and not self._warned_position:
             self._warned_position = True
-            warnings.warn("stepledger: LedgerEnv(index=%d) is env %d of the trainer's vector env; its ledger "
-                          "will not line up with the trainer's stream for env %d: give each env its position "
-                          "in the vector env as index=" % (self.index, position, self.index), RuntimeWarning,
-                          stacklevel=2)
+            if self.index is None:
+                warnings.warn(wording.unindexed_linked(position, self.ledger_path), RuntimeWarning, stacklevel=2)
+            else:
+                warnings.warn("stepledger: LedgerEnv(index=%d) is env %d of the trainer's vector env; its ledger "
+                              "will not line up with the trainer's stream for env %d: give each env its position "
+                              "in the vector env as index=" % (self.index, position, self.index), RuntimeWarning,
+                              stacklevel=2)
         if self._recording is not None:
             self._recording.link(run, position)
 
     def reset(self, *, seed=None, options=None):
+        if not self._started:
+            self._begin()  # before the env is reset: with live=True and no index, it refuses
         try:
             obs, info = self.env.reset(seed=seed, options=options)
         except BaseException:
@@ -189,7 +278,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._recording.interrupted = True
 
     def _failed(self, what, exc):
-        warnings.warn("stepledger: LedgerEnv(index=%d) could not record a %s: %s" % (self.index, what, exc),
+        warnings.warn("stepledger: LedgerEnv(index=%s) could not record a %s: %s" % (self.index, what, exc),
                       RuntimeWarning, stacklevel=3)
         return False
 
@@ -229,12 +318,37 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return st.st_ino, st.st_mtime_ns
 
     def _warn_if_overwriting(self):
+        if self.index is None:
+            return  # a name of its own
         stat = self._file_stat()
         if stat is not None and stat[1] >= self._started_ns and stat != self._written:
             warnings.warn(wording.overwritten_ledger(self.ledger_path, self.index), RuntimeWarning, stacklevel=3)
 
     def _note_written(self):
         self._written = self._file_stat()
+
+
+class _FirstEvent:
+    """The recorder's stand-in until the index is known: the first event fixes it (LedgerEnv._begin),
+    then the real recorder takes this one's place, so the step path pays nothing for a deferred index."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def reset(self, obs):
+        return self._env._begin().reset(obs)
+
+    def take_action(self, action):
+        return self._env._begin().take_action(action)
+
+    def step_taken(self, obs, reward, terminated, truncated):
+        return self._env._begin().step_taken(obs, reward, terminated, truncated)
+
+
+def _check_index(index, what):
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+        raise ValueError("%s must be the env's position in the vector env (a non-negative int), got %r"
+                         % (what, index))
 
 
 def _flag(value):

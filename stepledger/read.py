@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _schema as S
 from . import storage
+from . import wording
 from .errors import LedgerError
 from .ledgerfile import CHUNK, LedgerFile, Rows, Segment, positions, spill_dir
 from ._fallback import decode_leaves
@@ -19,6 +20,7 @@ from .spaces import digest_signature
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
 _DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
+_UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
 
 
 class _Piece:
@@ -142,6 +144,7 @@ class Ledger:
         self._copy = None  # a URL's local copy: (TemporaryDirectory, local path, URL)
         self.skipped = []     # env directory: (name, reason) of env ledgers left out (see read_ledger)
         self.duplicates = []  # env directory: (name, env index, meta) of second recordings of an env
+        self.unindexed = []   # env directory: (name, meta, events, first events) of ledgers with no index
 
     @property
     def side(self):
@@ -399,25 +402,36 @@ def read_ledger(path, accept=None):
     then in ``ledger.skipped`` as (name, reason), and its settings are not
     checked against the others). Files ``env-N.dup-*.npz``, written by a second
     recording of env N at the same time, are in ``ledger.duplicates`` as
-    (name, N, meta) when accepted, else skipped.
+    (name, N, meta) when accepted, else skipped. Files ``env-unindexed-*.npz``,
+    written by a LedgerEnv that had no index at its first event, are in
+    ``ledger.unindexed`` as (name, meta, events, its first events' columns)
+    when accepted, else skipped; they are never a stream.
     """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path):
         return _read_url(path, accept)
     if os.path.isdir(path) and not path.endswith(".spill"):
-        names, duplicates = set(), []
+        names, duplicates, unindexed = set(), [], set()
         for entry in os.listdir(path):
             m = _ENV_FILE.match(entry)
             if m:
                 names.add(entry)
             elif _DUP_FILE.match(entry):
                 duplicates.append(entry)
-            elif entry.endswith(".npz.spill") and _ENV_FILE.match(entry[:-6]) \
-                    and _segments(os.path.join(path, entry[:-6])):
+            elif _UNINDEXED_FILE.match(entry):
+                unindexed.add(entry)
+            elif entry.endswith(".npz.spill") and _segments(os.path.join(path, entry[:-6])):
                 # an env killed before writing its ledger; one killed before its
                 # first complete segment left nothing to read, and is absent
-                names.add(entry[:-6])
+                if _ENV_FILE.match(entry[:-6]):
+                    names.add(entry[:-6])
+                elif _UNINDEXED_FILE.match(entry[:-6]):
+                    unindexed.add(entry[:-6])
         if not names:
+            if unindexed:
+                raise LedgerError("%s: no env ledgers with an index (env-N.npz) in this directory, only %s, "
+                                  "recorded by LedgerEnvs that had no index at their first event: %s"
+                                  % (path, _named(sorted(unindexed)), wording.SET_INDEX_HOW))
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
         files, streams, meta, partial, skipped, dups = [], {}, None, False, [], []
         for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
@@ -449,13 +463,44 @@ def read_ledger(path, accept=None):
                 skipped.append((name, reason))
             else:
                 dups.append((name, int(_DUP_FILE.match(name).group(1)), dup_meta))
+        lost = []
+        for name in sorted(unindexed):
+            with _read_file(os.path.join(path, name)) as sub:
+                reason = accept(sub.meta, name) if accept else None
+                if reason:
+                    skipped.append((name, reason))
+                    continue
+                stream = next(iter(sub.streams.values()), None)
+                n = len(stream) if stream is not None else 0
+                first = {k: np.asarray(v) for k, v in _first_rows(stream).items()} if n else None
+                lost.append((name, dict(sub.meta), n, first))
         if meta is None:
             ledger = Ledger(path, {}, {}, False, [])
         else:
             ledger = Ledger(path, meta, dict(sorted(streams.items())), partial, files)
-        ledger.skipped, ledger.duplicates = skipped, dups
+        ledger.skipped, ledger.duplicates, ledger.unindexed = skipped, dups, lost
         return ledger
     return _read_file(path)
+
+
+FIRST_EVENTS = 4096  # events of a stream compared when looking for the trainer stream it matches
+
+
+def _first_rows(stream):
+    """The first events of a stream (at most FIRST_EVENTS), as columns."""
+    parts = {n: [] for n in S.EVENT_COLUMN_NAMES}
+    got = 0
+    for chunk in stream.chunks(size=FIRST_EVENTS):
+        for n in parts:
+            parts[n].append(np.asarray(chunk[n])[: FIRST_EVENTS - got])
+        got += len(parts["kind"][-1])
+        if got >= FIRST_EVENTS:
+            break
+    return {n: np.concatenate(v) for n, v in parts.items()}
+
+
+def _named(names):
+    return ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
 
 
 def _read_file(path):
@@ -489,9 +534,9 @@ def _read_url(url, accept=None):
             os.makedirs(local)
             copies = []  # fetched together: object stores download them concurrently
             for name in storage.listdir(url):
-                if _ENV_FILE.match(name) or _DUP_FILE.match(name):
+                if _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name):
                     copies.append((storage.join(url, name), os.path.join(local, name)))
-                elif name.endswith(".npz.spill") and _ENV_FILE.match(name[:-6]):
+                elif name.endswith(".npz.spill") and (_ENV_FILE.match(name[:-6]) or _UNINDEXED_FILE.match(name[:-6])):
                     copies += _segment_copies(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
             storage.fetch_all(copies)
         else:

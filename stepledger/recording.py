@@ -227,6 +227,17 @@ def _reschedule():
     core.set_deadline(min(max(rec.due, rec.retry_at) for rec in mine), hold=bool(backing_off))
 
 
+def open_recording(path):
+    """Another open recording of this process at ``path`` that has recorded, or was given its index
+    after construction (LedgerEnv.set_index), else None."""
+    target = os.path.abspath(path) if not storage.is_remote(path) else path
+    for rec in _mine():
+        same = (os.path.abspath(rec.path) if not rec.remote else rec.path) == target
+        if same and (rec.n_events() or rec.deferred):
+            return rec
+    return None
+
+
 def flush_interval(value, owner):
     """Seconds between periodic spills: ``value``, else $STEPLEDGER_FLUSH_INTERVAL, else the default."""
     if value is None:
@@ -400,6 +411,7 @@ class Recording:
         self._spilled_events = 0
         self._cleaned = False
         self._lock_path = None
+        self.deferred = False  # env side: its index was given after construction (LedgerEnv.set_index)
         if not self.remote:
             self._check_path()
         self.buffers = [core.StreamBuffer() for _ in self.stream_ids]

@@ -539,3 +539,54 @@ def values_text(leaves, names, shapes=None, space=None):
     if len(leaves) == 1 and names == [""]:
         return _leaf_text(leaves[0], shapes[0])
     return "{" + ", ".join("%s: %s" % (n, _leaf_text(v, d)) for n, v, d in zip(names, leaves, shapes)) + "}"
+
+
+# ---------------------------------------------------------------- the env's index, given later (LedgerEnv)
+
+SET_INDEX_HOW = ("give each LedgerEnv its index before its first reset: index=, set_index(i) "
+                 "(env.get_wrapper_attr(\"set_index\")(i) through wrappers; envs.set_attr(\"stepledger_index\", "
+                 "[...]) gives each env of a vector env its own), or a trainer-side ledger around the vector env")
+
+
+def index_given_twice(index, source, new):
+    return ("LedgerEnv: set_index(%d): this env already has index %d (from %s); an env's index is given once"
+            % (new, index, source))
+
+
+def index_after_events(new, index, events, path):
+    if index is None:
+        return ("LedgerEnv: set_index(%d) after this env recorded its first events without an index (they go to "
+                "%s): its index is fixed at its first event; %s" % (new, path, SET_INDEX_HOW))
+    return ("LedgerEnv: set_index(%d) after this env recorded %d event%s as env %d: its index is fixed at its "
+            "first event" % (new, events, "" if events == 1 else "s", index))
+
+
+def index_taken(index, path):
+    return ("LedgerEnv: index %d is already given to another LedgerEnv in this process, which records %s: "
+            "give each env its own index (vector env call() gives every env the same arguments; set_attr with "
+            "a list gives each its own)" % (index, path))
+
+
+def live_without_index():
+    return "LedgerEnv(live=True) has no index at its first event, and a live token names its env: " + SET_INDEX_HOW
+
+
+def unindexed_warning(path):
+    return ("stepledger: LedgerEnv had no index at its first event; it records to %s, which compare names but "
+            "cannot pair with a trainer stream: %s" % (path, SET_INDEX_HOW))
+
+
+def unindexed_linked(position, path):
+    return ("stepledger: the trainer side says this LedgerEnv is env %d of its vector env, but it recorded its "
+            "first events without an index (to %s): build the trainer-side ledger before the first reset"
+            % (position, path))
+
+
+def unindexed_note(name, events, position=None, matches=None):
+    """compare: an env ledger recorded without an index, left out."""
+    told = "" if position is None else ", told later that it is env %d" % position
+    text = ("%s: recorded by a LedgerEnv that had no index at its first event%s; its %s events were not "
+            "compared" % (name, told, f"{events:,}"))
+    if matches is not None:
+        text += "; its first events match the trainer's env %d" % matches
+    return text

@@ -231,7 +231,6 @@ def test_forked_child_does_not_write_parents_ledger(tmp_path):
     ({"index": "a"}, ValueError),
     ({"index": 1.0}, ValueError),
     ({"index": True}, ValueError),
-    ({"index": None}, ValueError),
     ({"index": 0, "reward_dtype": np.int32}, ValueError),
     ({"index": 0, "reward_dtype": np.float16}, ValueError),
     ({"index": 0, "reward_dtype": "nonsense"}, ValueError),
