@@ -434,6 +434,7 @@ def read_ledger(path, accept=None):
                                   % (path, _named(sorted(unindexed)), wording.SET_INDEX_HOW))
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
         files, streams, meta, partial, skipped, dups = [], {}, None, False, [], []
+        origin = {}  # env index -> the file its stream was read from
         for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
             sub = _read_file(os.path.join(path, name))
             reason = accept(sub.meta, name) if accept else None
@@ -450,8 +451,9 @@ def read_ledger(path, accept=None):
                                   % (path, name))
             for idx, stream in sub.streams.items():
                 if idx in streams:
-                    raise LedgerError("%s: env %d appears in more than one file" % (path, idx))
-                streams[idx] = stream
+                    raise LedgerError("%s: env %d appears in more than one file (%s and %s)"
+                                      % (path, idx, origin[idx], name))
+                streams[idx], origin[idx] = stream, name
         for name in sorted(duplicates):
             try:
                 with _read_file(os.path.join(path, name)) as sub:
