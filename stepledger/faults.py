@@ -11,21 +11,25 @@ The faults are those of the paper behind stepledger (Gou and Lu, 2026, Sec. III)
 - ``step:fill`` (the env is not stepped and the previous feedback is sent
   again; env side only).
 
-Two places to put one: ``FaultyEnv`` wraps ``LedgerEnv`` in the worker (the
-faults happen on the env's side of the wire), ``FaultyVectorEnv`` (Gymnasium)
-and ``FaultyVecEnv`` (SB3, in ``stepledger.sb3``'s import-free form
-``make_faulty_vec_env``) sit between the vector env and the trainer-side
-ledger. A dose is ``"one"`` (the first opportunity at or after step ``at`` of
-env ``env``), a fraction such as ``0.01`` (each opportunity drawn from a
-generator seeded with ``seed``, so the same cells are hit at every training
-seed) or ``"all"``. A fault that would change nothing at a cell (zeroing a
-zero) waits for the next one. The injector records where it first changed a
-value: ``injector.first`` (env, episode, step, field), also written as JSON to
-``record`` if given, for injectors that live in worker processes.
+One engine, ``FaultEngine``, decides per env where a fault strikes and how it
+changes a value, and records where it struck. Three adapters put it in a
+stack; each only translates its library's conventions into the engine's
+calls: ``FaultyEnv`` wraps ``LedgerEnv`` in the worker (the faults happen on
+the env's side of the wire), ``FaultyVectorEnv`` (Gymnasium, NEXT_STEP or
+SAME_STEP) and ``FaultyVecEnv`` (SB3; defined here when SB3 is installed) sit
+between the vector env and the trainer-side ledger. A dose is ``"one"`` (the
+first opportunity at or after step ``at`` of env ``target``), a fraction such
+as ``0.01`` (each opportunity drawn from a generator seeded with ``seed`` and
+the env, so the same cells are hit at every training seed) or ``"all"``. A
+fault that would change nothing at a cell (zeroing a zero) waits for the next
+one. The injector records where it first changed a value: ``injector.first``
+(env, episode, step, field), also written as JSON to ``record`` if given, for
+injectors that live in worker processes. docs/FAULTS.md has the whole story.
 """
 
 import json
 import os
+import zlib
 
 import gymnasium as gym
 import numpy as np
@@ -38,8 +42,6 @@ FAULTS = tuple("%s:%s" % (f, w) for f in VALUE_FIELDS for w in VALUE_WAYS) + ("a
     "step:fill",)
 ENV_SIDE_FAULTS = tuple(f for f in FAULTS if not f.endswith(":swap"))
 TRAINER_SIDE_FAULTS = tuple(f for f in FAULTS if f != "step:fill")
-# The field compare names first when the fault is caught.
-REPORTED_FIELD = {"final-obs": "obs", "step": None}
 
 
 def reported_fields(fault):
@@ -63,9 +65,16 @@ def check_fault(fault, allowed=FAULTS, where="fault"):
 
 
 class Dose:
-    """Which opportunities a fault takes: one, a seeded fraction, or all."""
+    """Which opportunities a fault takes: one, a seeded fraction, or all.
 
-    def __init__(self, dose="one", at=10, env=0, seed=0):
+    With ``"one"``, the first opportunity at or after step counter ``at`` of
+    env ``env`` (and, for per-agent streams, of agent ``agent`` if given).
+    A fraction draws once per cell from a generator of its own per stream,
+    seeded with ``seed``, the env and the agent, so the cells a dose hits do
+    not depend on the run.
+    """
+
+    def __init__(self, dose="one", at=10, env=0, seed=0, agent=None):
         if dose == "one" or dose == "all":
             self.kind, self.p = dose, None
         else:
@@ -76,19 +85,21 @@ class Dose:
             if not 0 < p <= 1:
                 raise ValueError("dose must be 'one', 'all' or a fraction in (0, 1], got %r" % (dose,))
             self.kind, self.p = "fraction", p
-        self.at, self.env, self.seed = int(at), int(env), int(seed)
+        self.at, self.env, self.seed, self.agent = int(at), int(env), int(seed), agent
         self._rngs = {}
         self.done = False
 
-    def draw(self, env, cell):
-        """Whether the fault may hit env ``env`` at its step counter ``cell``."""
+    def draw(self, env, cell, agent=None):
+        """Whether the fault may hit env ``env`` (agent ``agent``) at its step counter ``cell``."""
         if self.kind == "all":
             return True
         if self.kind == "one":
-            return not self.done and env == self.env and cell >= self.at
-        rng = self._rngs.get(env)
+            return (not self.done and env == self.env and cell >= self.at
+                    and (self.agent is None or agent == self.agent))
+        rng = self._rngs.get((env, agent))
         if rng is None:
-            rng = self._rngs[env] = np.random.default_rng([self.seed, env])
+            key = [self.seed, env] if agent is None else [self.seed, env, zlib.crc32(str(agent).encode())]
+            rng = self._rngs[(env, agent)] = np.random.default_rng(key)
         return bool(rng.random() < self.p)  # one draw per cell, so cells do not depend on the run
 
     def took(self):
@@ -200,7 +211,7 @@ def changed_flags(fault, terminated, truncated):
 
 
 class _Where:
-    """Records the first change: env, episode, step, field; optionally to a JSON file."""
+    """Records the first change: env, episode, step, field (and agent); optionally to a JSON file."""
 
     def __init__(self, record):
         self.first = None
@@ -208,12 +219,14 @@ class _Where:
         self.count = 0
         self.record = os.fspath(record) if record is not None else None
 
-    def hit(self, env, episode, step, fault):
+    def hit(self, env, episode, step, fault, agent=None):
         self.count += 1
         if int(env) not in self.by_env:
             field = fault.split(":")[0]
             self.by_env[int(env)] = {"env": int(env), "episode": int(episode), "step": int(step), "fault": fault,
                                      "field": {"final-obs": "obs"}.get(field, field)}
+            if agent is not None:
+                self.by_env[int(env)]["agent"] = agent
         if self.first is None:
             self.first = self.by_env[int(env)]
             if self.record:
@@ -233,7 +246,216 @@ def read_record(path):
         return None
 
 
-class FaultyEnv(gym.Wrapper):
+class _Stream:
+    """One env's (or one agent's) life as the engine follows it."""
+
+    __slots__ = ("cells", "episode", "step", "ended", "open", "drawn", "prev_obs", "prev_reward", "prev_action")
+
+    def __init__(self):
+        self.cells = 0  # steps opened over the stream's life: the dose's cell counter
+        self.episode, self.step = -1, 0  # as the env-side ledger counts them
+        self.ended = False  # the last step ended its episode (by the true flags) and no reset followed yet
+        self.open = self.drawn = False  # a step is open; the dose drew it
+        self.prev_obs = self.prev_action = None  # for stale faults and fills
+        self.prev_reward = 0.0
+
+
+class FaultEngine:
+    """One boundary fault, decided per env: where it strikes, how it changes a value, where it struck.
+
+    An adapter tells the engine what each env lived, in order, and hands on
+    what the engine returns; it never decides anything about the fault::
+
+        engine.reset(env, obs)                # env was reset and returned obs
+        filled = engine.fill(env)             # step:fill: (obs, reward) to send instead of stepping, else None
+        action = engine.action(env, action)   # a step of env opens: the action to send
+        obs, reward, terminated, truncated = engine.step(env, obs, reward, terminated, truncated)
+
+    ``step`` takes the observation the step ended on: the final observation
+    when the step ended the episode, whatever the library's autoreset
+    convention (under SAME_STEP and in SB3 the adapter passes
+    ``final_obs``/``terminal_observation``, or None when there is none, then
+    calls ``reset`` with the reset obs). ``fill`` and ``action`` are optional:
+    ``step`` opens the step itself when they were not called, so a trainer
+    component that only sees the feedback (an env-to-module connector)
+    calls ``reset`` and ``step`` alone. ``awaiting_reset(env)`` says whether
+    env's last step ended its episode with no reset since: the step a NEXT_STEP
+    vector env spends on the reset, which the adapter reports as ``reset``.
+
+    Where: the dose draws once per step of each env (``at`` counts an env's
+    steps over its life, resets not included); a drawn step is an opportunity
+    if the fault can change something there: ``obs`` on a step that does not
+    end the episode, ``final-obs`` on one that does, ``action`` and
+    ``reward`` on any step, the flag faults where their flags allow
+    (``truncated:drop`` needs a truncation), ``step:fill`` after a reset.
+    A value the fault would leave equal waits for the next drawn step.
+    Positions follow the true flags and the resets, as the env-side ledger
+    counts them: a reset starts episode k+1 at step 0, each step advances the
+    step by one, and a fault strikes at the step it changes.
+
+    How: ``zero``, ``f16`` and ``clip`` change the value itself; ``stale``
+    sends the previous value of this env (the previous step's, the reset obs
+    after a reset, reward 0 after a reset); ``swap`` sends another env's
+    value, which the adapter passes as ``other`` (for ``action``: its action;
+    for ``step``: its (obs, reward)). ``actions`` and ``steps`` do that for a
+    batch of envs, each swapping with the next one.
+
+    Per agent: every call takes ``agent=`` as well (a stream per (env,
+    agent)); ``target_agent`` narrows the dose ``"one"`` to one agent, and the
+    record then names the agent.
+
+    Args:
+        fault: one of ``allowed``.
+        dose: "one", "all" or a fraction.
+        at: with dose "one", the first step counter (over the env's life) that may be hit.
+        target: with dose "one", the env that is hit.
+        seed: the fault generator's seed, for fractional doses.
+        record: a JSON file to write where the fault first changed a value.
+        action_space: the single env's action space (``action:clip`` clips to half its range).
+        target_agent: with dose "one", the agent that is hit (None: any agent of ``target``).
+        allowed: the faults this engine's adapter can inject.
+        owner: the name that errors give.
+    """
+
+    def __init__(self, fault, dose="one", at=10, target=0, seed=0, record=None, action_space=None,
+                 target_agent=None, allowed=FAULTS, owner="FaultEngine"):
+        self.fault = check_fault(fault, allowed, owner)
+        self.field, self.way = fault.split(":")
+        self.dose = Dose(dose, at, target, seed, target_agent)
+        self.where = _Where(record)
+        self.action_space = action_space
+        self._streams = {}
+
+    @property
+    def first(self):
+        return self.where.first
+
+    def _open(self, env, agent):
+        s = self._streams.get((env, agent))
+        if s is None:
+            s = self._streams[(env, agent)] = _Stream()
+        if not s.open:
+            s.open, s.drawn = True, self.dose.draw(env, s.cells, agent)
+            s.cells += 1
+        return s
+
+    def _hit(self, s, env, agent):
+        s.drawn = False
+        self.dose.took()
+        self.where.hit(env, s.episode, s.step + 1, self.fault, agent)
+
+    def reset(self, env, obs, agent=None):
+        """Env ``env`` was reset and returned ``obs``: a new episode starts."""
+        s = self._streams.get((env, agent))
+        if s is None:
+            s = self._streams[(env, agent)] = _Stream()
+        s.episode, s.step, s.ended, s.open = s.episode + 1, 0, False, False
+        s.prev_obs, s.prev_reward = _copy(obs), 0.0
+
+    def awaiting_reset(self, env, agent=None):
+        s = self._streams.get((env, agent))
+        return s is not None and s.ended
+
+    def position(self, env, agent=None):
+        """(episode, step) of env's last event, as the env-side ledger counts them."""
+        s = self._streams[(env, agent)]
+        return s.episode, s.step
+
+    def fill(self, env, agent=None):
+        """For ``step:fill``: the (obs, reward) to send instead of stepping env, or None to step it."""
+        s = self._open(env, agent)
+        if self.field != "step" or not s.drawn or s.prev_obs is None:
+            return None
+        self._hit(s, env, agent)
+        s.open = False  # the env does not step: its position stays
+        return _copy(s.prev_obs), s.prev_reward
+
+    def action(self, env, action, other=None, agent=None):
+        """A step of env opens; returns the action to send (``other``: the action of the env to swap with)."""
+        s = self._open(env, agent)
+        if self.field != "action":
+            return action
+        sent = action
+        if s.drawn:
+            new = changed_value(action, self.way, s.prev_action, self.action_space, other)
+            if new is not None:
+                self._hit(s, env, agent)
+                sent = new
+        s.prev_action = _copy(action)
+        return sent
+
+    def step(self, env, obs, reward, terminated, truncated, other=None, agent=None):
+        """The step of env closes; returns (obs, reward, terminated, truncated) to send on.
+
+        ``obs`` is the one the step ended on (None: the library gave none);
+        ``other`` the (obs, reward) of the env to swap with.
+        """
+        return self._close(env, obs, reward, terminated, truncated, other, agent)[0]
+
+    def _close(self, env, obs, reward, terminated, truncated, other, agent):
+        s = self._open(env, agent)
+        s.open = False
+        ended = bool(terminated) or bool(truncated)
+        out = None
+        if s.drawn:
+            field, way = self.field, self.way
+            if field == ("final-obs" if ended else "obs") and obs is not None:
+                new = changed_value(obs, way, s.prev_obs, other=None if other is None else other[0])
+                out = None if new is None else (new, reward, terminated, truncated)
+            elif field == "reward":
+                new = changed_reward(reward, way, s.prev_reward, other=None if other is None else other[1])
+                out = None if new is None else (obs, float(new), terminated, truncated)
+            elif field in ("terminated", "truncated"):
+                new = changed_flags(self.fault, terminated, truncated)
+                out = None if new is None else (obs, reward) + new
+            if out is not None:
+                self._hit(s, env, agent)
+        s.step, s.ended = s.step + 1, ended
+        if obs is not None:
+            s.prev_obs = _copy(obs)
+        s.prev_reward = reward
+        return (obs, reward, terminated, truncated) if out is None else out, out is not None
+
+    def actions(self, actions, stepping):
+        """A vector step opens: ``actions[i]`` is env i's, ``stepping[i]`` whether env i steps (not a reset step).
+
+        Returns {env: the action to send} for the envs whose action changed; each env swaps with the next.
+        """
+        n, changed = len(actions), {}
+        for i, a in enumerate(actions):
+            if stepping[i]:
+                sent = self.action(i, a, other=actions[(i + 1) % n] if n > 1 else None)
+                if sent is not a:
+                    changed[i] = sent
+        return changed
+
+    def steps(self, outcomes, stepping):
+        """A vector step closes: ``outcomes[i]`` is env i's (obs it ended on, reward, terminated, truncated).
+
+        Returns {env: (obs, reward, terminated, truncated)} for the envs the fault struck.
+        """
+        n, changed = len(outcomes), {}
+        for i, (obs, reward, terminated, truncated) in enumerate(outcomes):
+            if stepping[i]:
+                other = outcomes[(i + 1) % n][:2] if n > 1 else None
+                out, struck = self._close(i, obs, reward, terminated, truncated, other, None)
+                if struck:
+                    changed[i] = out
+        return changed
+
+
+class _Adapter:
+    """What every adapter shows of its engine."""
+
+    fault = property(lambda self: self.engine.fault)
+    field = property(lambda self: self.engine.field)
+    way = property(lambda self: self.engine.way)
+    dose = property(lambda self: self.engine.dose)
+    where = property(lambda self: self.engine.where)
+    first = property(lambda self: self.engine.where.first, doc="Where the fault first changed a value, or None.")
+
+
+class FaultyEnv(_Adapter, gym.Wrapper):
     """Injects one boundary fault on the env side, outside LedgerEnv in the worker.
 
     Example: ``FaultyEnv(LedgerEnv(env, "ledger", index=i), "reward:f16", index=i)``.
@@ -251,78 +473,25 @@ class FaultyEnv(gym.Wrapper):
 
     def __init__(self, env, fault, index, dose="one", at=10, target=0, seed=0, record=None):
         super().__init__(env)
-        self.fault = check_fault(fault, ENV_SIDE_FAULTS, "FaultyEnv")
-        self.field, self.way = fault.split(":")
         self.index = int(index)
-        self.dose = Dose(dose, at, target, seed)
-        self.where = _Where(record)
-        self._cell = 0
-        self._episode, self._step = -1, 0
-        self._prev = None  # (obs, reward) of the previous step, for stale faults and fills
-        self._prev_action = None
-
-    @property
-    def first(self):
-        return self.where.first
+        self.engine = FaultEngine(fault, dose, at, target, seed, record, env.action_space,
+                                  allowed=ENV_SIDE_FAULTS, owner="FaultyEnv")
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
-        self._episode, self._step = self._episode + 1, 0
-        self._prev = (_copy(obs), 0.0)
+        self.engine.reset(self.index, obs)
         return obs, info
 
-    def _try(self):
-        return self.dose.draw(self.index, self._cell)
-
     def step(self, action):
-        cell_ok = self._try()
-        self._cell += 1
-        pos = (self._episode, self._step + 1)
-        if self.field == "step" and cell_ok and self._prev is not None:
-            self.dose.took()
-            self.where.hit(self.index, pos[0], pos[1], self.fault)
-            obs, reward = self._prev
-            return _copy(obs), reward, False, False, {}
-        if self.field == "action" and cell_ok:
-            new = changed_value(action, self.way, self._prev_action, self.action_space)
-            if new is not None:
-                self.dose.took()
-                self.where.hit(self.index, pos[0], pos[1], self.fault)
-                self._prev_action = _copy(action)
-                action = new
-                cell_ok = False
-            else:
-                self._prev_action = _copy(action)
-        elif self.field == "action":
-            self._prev_action = _copy(action)
+        filled = self.engine.fill(self.index)
+        if filled is not None:
+            return filled[0], filled[1], False, False, {}
+        action = self.engine.action(self.index, action)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._step += 1
-        ended = terminated or truncated
-        true_obs, true_reward = obs, reward
-        if cell_ok:
-            new = None
-            if self.field == "obs" and not ended or self.field == "final-obs" and ended:
-                prev = self._prev[0] if self._prev is not None else None
-                new = changed_value(obs, self.way, prev)
-                if new is not None:
-                    obs = new
-            elif self.field == "reward":
-                prev = self._prev[1] if self._prev is not None else None
-                new = changed_reward(reward, self.way, prev)
-                if new is not None:
-                    reward = float(new)
-            elif self.field in ("terminated", "truncated"):
-                new = changed_flags(self.fault, terminated, truncated)
-                if new is not None:
-                    terminated, truncated = new
-            if new is not None:
-                self.dose.took()
-                self.where.hit(self.index, pos[0], pos[1], self.fault)
-        self._prev = (_copy(true_obs), true_reward)
-        return obs, reward, terminated, truncated, info
+        return self.engine.step(self.index, obs, reward, terminated, truncated) + (info,)
 
 
-class FaultyVectorEnv(gym.vector.VectorWrapper):
+class FaultyVectorEnv(_Adapter, gym.vector.VectorWrapper):
     """Injects one boundary fault on the trainer side of a Gymnasium vector env.
 
     It goes between the vector env and LedgerVectorEnv:
@@ -335,141 +504,90 @@ class FaultyVectorEnv(gym.vector.VectorWrapper):
     def __init__(self, env, fault, dose="one", at=10, target=0, seed=0, record=None, autoreset_mode=None):
         super().__init__(env)
         from .vector import NEXT_STEP, resolve_autoreset_mode
-        self.fault = check_fault(fault, TRAINER_SIDE_FAULTS, "FaultyVectorEnv")
-        self.field, self.way = fault.split(":")
+        self.engine = FaultEngine(fault, dose, at, target, seed, record, self.single_action_space,
+                                  allowed=TRAINER_SIDE_FAULTS, owner="FaultyVectorEnv")
         self.mode = resolve_autoreset_mode(env, autoreset_mode, "FaultyVectorEnv")
         self.next_step = self.mode == NEXT_STEP
-        self.dose = Dose(dose, at, target, seed)
-        self.where = _Where(record)
-        n = self.num_envs
-        self._cells = np.zeros(n, dtype=np.int64)
-        self._episode = np.full(n, -1, dtype=np.int64)
-        self._step = np.zeros(n, dtype=np.int64)
-        self._pending = np.zeros(n, dtype=bool)
-        self._prev_obs = [None] * n
-        self._prev_rew = [None] * n
-        self._prev_act = [None] * n
-
-    @property
-    def first(self):
-        return self.where.first
 
     def reset(self, *, seed=None, options=None):
-        mask = None
-        if options and options.get("reset_mask") is not None:
-            mask = np.array(options["reset_mask"], dtype=bool)
+        mask = options.get("reset_mask") if options else None
         obs, info = self.env.reset(seed=seed, options=options)
         for i in range(self.num_envs):
             if mask is None or mask[i]:
-                self._episode[i] += 1
-                self._step[i] = 0
-                self._pending[i] = False
-                self._prev_obs[i] = _copy(_row(obs, i))
-                self._prev_rew[i] = 0.0
+                self.engine.reset(i, _row(obs, i))
         return obs, info
 
     def step(self, actions):
-        n = self.num_envs
-        hits = [self.dose.draw(i, int(self._cells[i])) for i in range(n)]
-        self._cells += 1
-        resetting = self._pending.copy() if self.next_step else np.zeros(n, bool)
-        if self.field == "action":
+        n, engine, next_step = self.num_envs, self.engine, self.next_step
+        stepping = [not (next_step and engine.awaiting_reset(i)) for i in range(n)]
+        changed = engine.actions([_row(actions, i) for i in range(n)], stepping)
+        if changed:
             actions = _copy(actions)
-            originals = [_copy(_row(actions, i)) for i in range(n)]
-            for i in range(n):
-                if hits[i] and not resetting[i]:
-                    other = originals[(i + 1) % n] if n > 1 else None
-                    new = changed_value(originals[i], self.way, self._prev_act[i], self.single_action_space, other)
-                    if new is not None:
-                        actions = _set_row(actions, i, new)
-                        self._hit(i, int(self._episode[i]), int(self._step[i]) + 1)
-                        hits[i] = False
-            for i in range(n):
-                if not resetting[i]:
-                    self._prev_act[i] = originals[i]
+            for i, a in changed.items():
+                _set_row(actions, i, a)
         obs, rewards, terminated, truncated, info = self.env.step(actions)
-        true_obs = [_copy(_row(obs, i)) for i in range(n)]
-        true_rew = [float(rewards[i]) for i in range(n)]
         ended = np.logical_or(terminated, truncated)
-        finals = info.get("final_obs") if not self.next_step else None
-        if self.field in ("obs", "final-obs", "reward", "terminated", "truncated"):
-            rewards = np.array(rewards, copy=True)
-            terminated = np.array(terminated, copy=True)
-            truncated = np.array(truncated, copy=True)
-            if self.field == "final-obs" and finals is not None:
-                finals = finals.copy()
-                info = dict(info)
-                info["final_obs"] = finals
-            for i in range(n):
-                if not hits[i] or resetting[i]:
-                    continue
-                pos = (int(self._episode[i]), int(self._step[i]) + 1)
-                other = (i + 1) % n if n > 1 else None
-                if self.field == "obs" and not ended[i] or self.field == "final-obs" and ended[i] and self.next_step:
-                    new = changed_value(_row(obs, i), self.way, self._prev_obs[i],
-                                        other=None if other is None else true_obs[other])
-                    if new is not None:
-                        obs = _set_row(_copy(obs), i, new)
-                        self._hit(i, *pos)
-                elif self.field == "final-obs" and ended[i] and finals is not None:
-                    other_final = finals[other] if other is not None and ended[other] else (
-                        None if other is None else true_obs[other])
-                    new = changed_value(finals[i], self.way, self._prev_obs[i], other=other_final)
-                    if new is not None:
-                        finals[i] = new
-                        self._hit(i, *pos)
-                elif self.field == "reward":
-                    new = changed_reward(rewards[i], self.way, self._prev_rew[i],
-                                         other=None if other is None else true_rew[other])
-                    if new is not None:
-                        rewards[i] = new
-                        self._hit(i, *pos)
-                elif self.field in ("terminated", "truncated"):
-                    new = changed_flags(self.fault, terminated[i], truncated[i])
-                    if new is not None:
-                        terminated[i], truncated[i] = new
-                        self._hit(i, *pos)
-        # positions as the env side counts them, from the true flags
+        # the obs each step ended on: under SAME_STEP an ended env's is in info["final_obs"]
+        ends_on = [_final_obs(info, i) if ended[i] and not next_step else _row(obs, i) for i in range(n)]
+        changed = engine.steps([(ends_on[i], rewards[i], terminated[i], truncated[i]) for i in range(n)], stepping)
+        if changed:
+            obs, info = _copy(obs), dict(info)
+            rewards, terminated, truncated = (np.array(x, copy=True) for x in (rewards, terminated, truncated))
+            for i, (o, r, te, tr) in changed.items():
+                rewards[i], terminated[i], truncated[i] = r, te, tr
+                if next_step or not ended[i]:
+                    _set_row(obs, i, o)
+                    if not next_step and (te or tr):  # a step made an end: its obs is the final obs, as in SB3
+                        _set_final(info, i, _copy(o), n)
+                elif o is not ends_on[i]:
+                    _set_final(info, i, o, n)
         for i in range(n):
-            if resetting[i]:
-                self._episode[i] += 1
-                self._step[i] = 0
-                self._pending[i] = False
-            else:
-                self._step[i] += 1
-                if self.next_step:
-                    self._pending[i] = bool(ended[i])
-                elif ended[i]:
-                    self._episode[i] += 1
-                    self._step[i] = 0
-            self._prev_obs[i] = true_obs[i] if self.next_step or not ended[i] else _copy(
-                finals[i] if finals is not None else true_obs[i])
-            self._prev_rew[i] = true_rew[i]
+            if not stepping[i] or ended[i] and not next_step:
+                engine.reset(i, _row(obs, i))
         return obs, rewards, terminated, truncated, info
 
-    def _hit(self, env, episode, step):
-        self.dose.took()
-        self.where.hit(env, episode, step, self.fault)
+
+def _final_obs(info, i):
+    """``info["final_obs"][i]`` as the trainer-side ledger reads it, or None when there is none."""
+    from .vector import final_obs_at
+    value = final_obs_at(info, i)
+    return None if value is final_obs_at({}, i) else value  # final_obs_at({}, i) is its "absent"
+
+
+def _set_final(info, i, value, n):
+    """Make ``value`` env i's final obs in ``info``, copying ``final_obs`` and its mask rather than editing them.
+
+    ``final_obs`` is an object array, or a dict of arrays where a vector env's
+    info merging split a dict obs.
+    """
+    finals, mask = info.get("final_obs"), info.get("_final_obs")
+    info["final_obs"] = finals = np.full(n, None, dtype=object) if finals is None else _copy(finals)
+    info["_final_obs"] = mask = np.zeros(n, dtype=bool) if mask is None else np.array(mask, copy=True)
+    _set_row(finals, i, value)
+    mask[i] = True
+    if isinstance(finals, dict):  # the split form's masks, one a key
+        for k in value:
+            if "_%s" % k in finals:
+                finals["_%s" % k][i] = True
 
 
 def _row(batch, i):
     if isinstance(batch, dict):
-        return {k: _row(v, i) for k, v in batch.items()}
+        return {k: _row(v, i) for k, v in batch.items() if not (isinstance(k, str) and k.startswith("_"))}
     if isinstance(batch, tuple):
         return tuple(_row(v, i) for v in batch)
     return batch[i]
 
 
 def _set_row(batch, i, value):
-    if isinstance(batch, dict):
-        for k in batch:
+    if isinstance(batch, dict) and isinstance(value, dict):
+        for k in value:
             _set_row(batch[k], i, value[k])
-        return batch
-    if isinstance(batch, tuple):
+    elif isinstance(batch, tuple):
         for b, v in zip(batch, value):
             _set_row(b, i, v)
-        return batch
-    batch[i] = value
+    else:
+        batch[i] = value
     return batch
 
 
@@ -480,116 +598,59 @@ except ImportError:  # pragma: no cover
 
 if _VecEnvWrapper is not None:
 
-    class FaultyVecEnv(_VecEnvWrapper):
+    class FaultyVecEnv(_Adapter, _VecEnvWrapper):
         """Injects one boundary fault on the trainer side of an SB3 VecEnv.
 
         It goes between the VecEnv and LedgerVecEnv:
-        ``LedgerVecEnv(FaultyVecEnv(venv, "reward:swap"), path)``. Arguments as
-        for FaultyEnv.
+        ``LedgerVecEnv(FaultyVecEnv(venv, "reward:swap"), path)``. Final-obs
+        faults change ``terminal_observation``; flag faults set ``dones``
+        and ``TimeLimit.truncated`` (and a terminal observation where a step
+        becomes an end). Arguments as for FaultyEnv.
         """
 
         def __init__(self, venv, fault, dose="one", at=10, target=0, seed=0, record=None):
             super().__init__(venv)
-            self.fault = check_fault(fault, TRAINER_SIDE_FAULTS, "FaultyVecEnv")
-            self.field, self.way = fault.split(":")
-            self.dose = Dose(dose, at, target, seed)
-            self.where = _Where(record)
-            n = self.num_envs
-            self._cells = np.zeros(n, dtype=np.int64)
-            self._episode = np.full(n, -1, dtype=np.int64)
-            self._step = np.zeros(n, dtype=np.int64)
-            self._prev_obs = [None] * n
-            self._prev_rew = [None] * n
-            self._prev_act = [None] * n
-            self._hits = [False] * n
-
-        @property
-        def first(self):
-            return self.where.first
+            self.engine = FaultEngine(fault, dose, at, target, seed, record, self.action_space,
+                                      allowed=TRAINER_SIDE_FAULTS, owner="FaultyVecEnv")
 
         def reset(self):
             obs = self.venv.reset()
-            self._episode += 1
-            self._step[:] = 0
-            self._prev_obs = [_copy(_row(obs, i)) for i in range(self.num_envs)]
-            self._prev_rew = [0.0] * self.num_envs
+            for i in range(self.num_envs):
+                self.engine.reset(i, _row(obs, i))
             return obs
 
         def step_async(self, actions):
-            n = self.num_envs
-            self._hits = [self.dose.draw(i, int(self._cells[i])) for i in range(n)]
-            self._cells += 1
-            if self.field == "action":
+            changed = self.engine.actions([actions[i] for i in range(self.num_envs)], [True] * self.num_envs)
+            if changed:
                 actions = np.array(actions, copy=True)
-                originals = [np.array(actions[i], copy=True) for i in range(n)]
-                for i in range(n):
-                    if self._hits[i]:
-                        other = originals[(i + 1) % n] if n > 1 else None
-                        new = changed_value(originals[i], self.way, self._prev_act[i], self.action_space, other)
-                        if new is not None:
-                            actions[i] = new
-                            self._hit(i, int(self._episode[i]), int(self._step[i]) + 1)
-                            self._hits[i] = False
-                self._prev_act = originals
+                for i, a in changed.items():
+                    actions[i] = a
             self.venv.step_async(actions)
 
         def step_wait(self):
             obs, rewards, dones, infos = self.venv.step_wait()
-            n = self.num_envs
-            true_dones = np.array(dones, dtype=bool)
-            true_obs = [_copy(_row(obs, i)) for i in range(n)]
-            true_rew = [float(rewards[i]) for i in range(n)]
-            finals = [infos[i].get("terminal_observation") if dones[i] else None for i in range(n)]
-            if self.field != "action":
-                rewards = np.array(rewards, copy=True)
-                dones = np.array(dones, copy=True)
-                infos = list(infos)
-                for i in range(n):
-                    if not self._hits[i]:
-                        continue
-                    pos = (int(self._episode[i]), int(self._step[i]) + 1)
-                    other = (i + 1) % n if n > 1 else None
-                    new = None
-                    if self.field == "obs" and not dones[i]:
-                        new = changed_value(true_obs[i], self.way, self._prev_obs[i],
-                                            other=None if other is None else true_obs[other])
-                        if new is not None:
-                            obs = _set_row(_copy(obs), i, new)
-                    elif self.field == "final-obs" and dones[i] and finals[i] is not None:
-                        other_val = None
-                        if other is not None:
-                            other_val = finals[other] if dones[other] and finals[other] is not None else true_obs[other]
-                        new = changed_value(finals[i], self.way, self._prev_obs[i], other=other_val)
-                        if new is not None:
-                            infos[i] = dict(infos[i], terminal_observation=new)
-                    elif self.field == "reward":
-                        new = changed_reward(rewards[i], self.way, self._prev_rew[i],
-                                             other=None if other is None else true_rew[other])
-                        if new is not None:
-                            rewards[i] = new
-                    elif self.field in ("terminated", "truncated"):
-                        trunc = bool(infos[i].get("TimeLimit.truncated", False)) if dones[i] else False
-                        term = bool(dones[i]) and not trunc
-                        new = changed_flags(self.fault, term, trunc)
-                        if new is not None:
-                            te, tr = new
-                            info = dict(infos[i])
-                            info["TimeLimit.truncated"] = tr and not te
-                            if (te or tr) and not dones[i]:
-                                info["terminal_observation"] = true_obs[i]
-                            dones[i] = te or tr
-                            infos[i] = info
-                    if new is not None:
-                        self._hit(i, *pos)
-            for i in range(n):
-                self._step[i] += 1
-                self._prev_rew[i] = true_rew[i]
-                self._prev_obs[i] = true_obs[i] if finals[i] is None else _copy(finals[i])
-                if true_dones[i]:
-                    self._episode[i] += 1
-                    self._step[i] = 0
+            n, ended = self.num_envs, np.array(dones, dtype=bool)
+            truncs = [bool(d and infos[i].get("TimeLimit.truncated", False)) for i, d in enumerate(ended)]
+            terms = [bool(d) and not truncs[i] for i, d in enumerate(ended)]
+            # the obs each step ended on: an ended env's is its terminal_observation
+            ends_on = [infos[i].get("terminal_observation") if d else _row(obs, i) for i, d in enumerate(ended)]
+            changed = self.engine.steps([(ends_on[i], rewards[i], terms[i], truncs[i]) for i in range(n)], [True] * n)
+            if changed:
+                true_obs, obs = obs, _copy(obs)
+                rewards, dones, infos = np.array(rewards, copy=True), np.array(dones, copy=True), list(infos)
+                for i, (o, r, term, trunc) in changed.items():
+                    rewards[i] = r
+                    info = infos[i] = dict(infos[i])
+                    if o is not ends_on[i]:
+                        if ended[i]:
+                            info["terminal_observation"] = o
+                        else:
+                            _set_row(obs, i, o)
+                    if (term, trunc) != (terms[i], truncs[i]):
+                        info["TimeLimit.truncated"] = trunc and not term
+                        if (term or trunc) and not ended[i]:
+                            info["terminal_observation"] = _copy(_row(true_obs, i))
+                        dones[i] = term or trunc
+            for i in np.flatnonzero(ended):
+                self.engine.reset(int(i), _row(obs, int(i)))
             return obs, rewards, dones, infos
-
-        def _hit(self, env, episode, step):
-            self.dose.took()
-            self.where.hit(env, episode, step, self.fault)
