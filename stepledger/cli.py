@@ -62,7 +62,8 @@ def _compare(args):
     from .compare import compare
     progress = _progress("compare, envs")
     try:
-        report = compare(args.env_dir, args.trainer_file, count_all=args.all, progress=progress)
+        trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
+        report = compare(args.env_dir, trainers, count_all=args.all, progress=progress)
     finally:
         progress.done()
     if args.junit:
@@ -152,13 +153,20 @@ def build_parser():
     c = sub.add_parser("compare", help="compare the env-side ledgers with the trainer ledger",
                        formatter_class=_Formatter,
                        description="Compare the env-side ledgers (ENV_DIR/env-N.npz) with the trainer ledger and "
-                                   "print, per env, the first event where they differ.",
+                                   "print, per env, the first event where they differ. A run with several "
+                                   "learners or trainer processes gives several trainer files (or a quoted glob, "
+                                   "or a directory of them): each env must be in exactly one.",
                        epilog="example:\n  stepledger compare ledger ledger/trainer.npz\n"
-                              "  stepledger compare ledger ledger/trainer.npz --json --junit report.xml\n\n"
+                              "  stepledger compare ledger ledger/trainer.npz --json --junit report.xml\n"
+                              "  stepledger compare ledger 'ledger/trainer-*.npz'\n"
+                              "  stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)\n\n"
                               "exit codes: 0 no difference, 1 a difference, 2 cannot compare\n"
                               "how to read the report: stepledger docs report")
     c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
-    c.add_argument("trainer_file", help="the file LedgerVectorEnv or LedgerVecEnv wrote")
+    c.add_argument("trainer_file", nargs="+", metavar="TRAINER_FILE",
+                   help="the file LedgerVectorEnv, LedgerVecEnv or TrainerLedger wrote; or several, a glob of them "
+                        "(quoted, so that a learner killed before its final file is found by its segments), or a "
+                        "directory holding them")
     c.add_argument("--json", action="store_true",
                    help="print the report as JSON (its keys: stepledger docs report)")
     c.add_argument("--all", action="store_true",

@@ -14,10 +14,11 @@ import numpy as np
 from . import _jsonout
 from . import _schema as S
 from . import core
+from . import storage
 from . import wording
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
-from .read import FIRST_EVENTS, pid_state, read, read_ledger
+from .read import FIRST_EVENTS, MergedLedger, env_index_of, pid_state, read, read_ledger, read_trainers
 from .spaces import is_variable_description, leaf_names
 from .wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
 
@@ -542,13 +543,99 @@ def cause_hints(report, env_ledger, tr_ledger):
     return hints
 
 
+def _spec_text(spec):
+    return ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
+
+
+def _span(meta):
+    """(began, last written) of a ledger's recording; still being written: until now. None without times."""
+    began, written = meta.get(S.META_STARTED), meta.get(S.META_UPDATED)
+    if not (isinstance(began, (int, float)) and isinstance(written, (int, float))):
+        return None
+    if meta.get(S.META_STATE) == S.STATE_OPEN and _writer_alive(meta):
+        written = max(written, time.time())
+    return began, written
+
+
+def this_run(named):
+    """The trainer ledgers of the run that began last, and lines for those of earlier runs.
+
+    Each learner's file is a recording of its own (its own run id), so the files
+    of one run are told by their times: recordings that overlap (within
+    CLOCK_SLACK) are of one run. A file of an earlier run left in the directory
+    (a run with more learners, before) is passed over with a line.
+    """
+    spans = [_span(led.meta) for _, led in named]
+    if len(named) == 1 or any(sp is None for sp in spans):
+        return named, []
+    order = sorted(range(len(named)), key=lambda k: spans[k][0])
+    groups, end = [], None
+    for k in order:
+        if end is None or spans[k][0] > end + CLOCK_SLACK:
+            groups.append([])
+            end = spans[k][1]
+        groups[-1].append(k)
+        end = max(end, spans[k][1])
+    current = groups[-1]
+    lines = [wording.earlier_trainer_run(named[k][0], _when(spans[k][1]), _when(spans[current[0]][0]),
+                                         named[current[0]][0]) for g in groups[:-1] for k in g]
+    return [named[k] for k in sorted(current)], lines
+
+
+def _check_trainers(named):
+    """Refuse trainer files of one run that record differently, or that share an env."""
+    first_name, first = named[0][0], named[0][1].meta
+    for name, led in named[1:]:
+        meta = led.meta
+        if _digest_format(meta.get("format_version")) != _digest_format(first.get("format_version")):
+            raise LedgerError(wording.different_trainer_settings(name, first_name, "format version",
+                                                                 meta.get("format_version"),
+                                                                 first.get("format_version")))
+        found = wording.differing_setting(meta, first)
+        if found is not None:
+            raise LedgerError(wording.different_trainer_settings(name, first_name, *found))
+    holders = {}
+    for name, led in named:
+        for idx, stream in led.streams.items():
+            if len(stream):  # a stream with no events is not the env's record
+                holders.setdefault(idx, []).append(name)
+    clash = sorted(i for i, names in holders.items() if len(names) > 1)
+    if clash:
+        raise LedgerError(wording.env_in_several_trainer_files(clash[0], holders[clash[0]], len(clash) - 1))
+
+
+def read_trainer_side(trainer_files):
+    """The trainer side of a comparison: one trainer ledger, or several read as one (MergedLedger).
+
+    Returns (ledger, lines about files passed over). LedgerError if they cannot be compared together.
+    """
+    named, passed = read_trainers(trainer_files)
+    try:
+        named_now, earlier = this_run(named)
+        for name, led in named:
+            if all(led is not other for _, other in named_now):
+                led.close()
+        _check_trainers(named_now)
+    except BaseException:
+        for _, led in named:
+            led.close()
+        raise
+    return MergedLedger(_spec_text(trainer_files), named_now), passed + earlier
+
+
 def compare(env_dir, trainer_file, count_all=False, progress=None):
-    """Compare the env-side ledgers in ``env_dir`` with the trainer ledger ``trainer_file``.
+    """Compare the env-side ledgers in ``env_dir`` with the trainer side ``trainer_file``.
+
+    ``trainer_file`` is a trainer ledger, or several: a list of them, a glob
+    (``"ledger/trainer-*.npz"``), or a directory holding them (also the env
+    directory itself). Each env must be in exactly one of them (a stream with
+    no events does not count). Trainer files of an earlier run among them are
+    left out, with a line each.
 
     Returns a Report (truthy when the two agree). Raises LedgerError when they
     cannot be compared: a missing or unreadable ledger, the two sides given
     in the wrong order, or different reward dtypes, spaces or format versions,
-    or ledgers of two different runs.
+    or ledgers of two different runs, or an env in two trainer files.
     With ``count_all``, also counts per field the events that differ after
     the first, which tells a one-off fault from a systematic one. Either
     argument may be an fsspec URL (``s3://...``), read from a local copy.
@@ -560,21 +647,35 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
     get a line of their own and are not a difference.
     """
     try:
-        tr_ledger = read(trainer_file)
+        tr_ledger, tr_lines = read_trainer_side(trainer_file)
     except LedgerError:
-        read(env_dir).close()  # the env side's error, if it has one, comes first, as the arguments do
+        with read(env_dir) as env_first:  # the env side's error, if it has one, comes first, as the arguments do
+            if env_first.side == "trainer":
+                raise LedgerError("%s and %s are given in the wrong order: the env directory comes first, then "
+                                  "the trainer file" % (env_dir, _spec_text(trainer_file))) from None
         raise
     try:
-        accept = (lambda meta, name: other_run(meta, tr_ledger.meta)) if tr_ledger.side == "trainer" else None
+        def accept(meta, name):
+            idx = env_index_of(name)
+            metas = [led.meta for n, led in tr_ledger.named if idx is None or idx not in tr_ledger.source
+                     or n == tr_ledger.source[idx]]
+            reasons = [other_run(meta, m) for m in metas]
+            return None if any(r is None for r in reasons) else reasons[0]
         env_ledger = read_ledger(env_dir, accept)
     except LedgerError:
         tr_ledger.close()
         raise
+    trainer_file_given, trainer_file = trainer_file, _spec_text(trainer_file)
     try:
         if not env_ledger.streams and env_ledger.skipped:
             name, reason = env_ledger.skipped[0]
             raise LedgerError("%s and the env ledgers in %s are from different runs (%s %s): nothing to compare"
                               % (trainer_file, env_dir, name, reason))
+        if env_ledger.side == "trainer" and any(storage.isdir(str(p)) if storage.is_remote(str(p)) else os.path.isdir(str(p)) for p in
+                                                (trainer_file_given if isinstance(trainer_file_given, (list, tuple))
+                                                 else [trainer_file_given])):
+            raise LedgerError("%s and %s are given in the wrong order: the env directory comes first, then the "
+                              "trainer file" % (env_dir, trainer_file))
         check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
         meta = env_ledger.meta
         notes = ["%s %s: not compared" % (name, reason) for name, reason in env_ledger.skipped]
@@ -622,9 +723,8 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             differing = [d.env for d in differences]
             env_ledger.verify(differing)
             tr_ledger.verify(differing)
-        tr_note = _ledger_note(os.path.basename(str(trainer_file)) or str(trainer_file), tr_ledger.meta,
-                               tr_ledger.n_events())
-        notes += ([tr_note] if tr_note else []) + _env_notes(env_ledger, env_dir)
+        tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
+        notes += tr_lines + [n for n in tr_notes if n] + _env_notes(env_ledger, env_dir)
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         report = Report(envs, differences, partial, hint, count_all, notes)
         report.hints = cause_hints(report, env_ledger, tr_ledger)

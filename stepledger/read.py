@@ -562,3 +562,147 @@ def _segment_copies(url, local):
     directory = spill_dir(url)
     return [(storage.join(directory, name), os.path.join(spill_dir(local), name))
             for name in storage.listdir(directory) if fnmatch.fnmatch(name, "seg-*.npz")]
+
+
+# ---------------------------------------------------------------- several trainer files
+
+_PATTERN = re.compile(r"[*?\[]")
+
+
+def env_index_of(name):
+    """The env index an env ledger's file name gives (``env-3.npz``, ``env-3.dup-*.npz``), else None."""
+    m = _ENV_FILE.match(name) or _DUP_FILE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _is_env_name(name):
+    return bool(_ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name))
+
+
+def _ledgers_in(directory, names, match):
+    """The ledger paths among ``names`` (entries of ``directory``) that ``match`` accepts: files ``*.npz``,
+    and ledgers that are only spill segments (``NAME.npz.spill/``, a writer killed before its final file)."""
+    found = set()
+    remote = storage.is_remote(directory)
+    for name in names:
+        base = name[: -len(".spill")] if name.endswith(".npz.spill") else name
+        if not base.endswith(".npz") or S.TMP_INFIX in base or not match(base):
+            continue
+        if base != name:
+            spill = storage.join(directory, name)
+            if not (storage.listdir(spill) if remote else _segments(os.path.join(directory, base))):
+                continue
+        found.add(base)
+    return [storage.join(directory, n) if remote else os.path.join(directory, n) for n in sorted(found)]
+
+
+def trainer_paths(spec):
+    """What a compare argument names as trainer ledgers: [(path, strict)].
+
+    ``spec`` is a ledger file or URL, a glob of them (``ledger/trainer-*.npz``;
+    at a URL only the file name part may be a pattern), a directory of them,
+    or a list or tuple of any of these. From a glob or a directory, env-side
+    ledgers by their names (``env-N.npz``...) are not taken, and a ledger
+    killed before its final file is found by its spill segments; ``strict``
+    is False for those found so, whose other sides and unreadable files are
+    passed over with a line rather than refused. LedgerError if one names
+    nothing.
+    """
+    specs = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not specs:
+        raise LedgerError("no trainer ledger given")
+    out, seen = [], set()
+    for item in specs:
+        if not isinstance(item, (str, os.PathLike)):
+            raise LedgerError("a trainer ledger must be a path, a glob or a URL, got %r" % (item,))
+        text = storage.local_path(os.fspath(item))
+        remote = storage.is_remote(text)
+        if _PATTERN.search(text.rsplit("/", 1)[-1] if remote else text) and not (
+                storage.exists(text) if remote else os.path.exists(text) or os.path.exists(text + ".spill")):
+            if remote:
+                parent, pattern = text.rsplit("/", 1)
+                paths = _ledgers_in(parent, storage.listdir(parent),
+                                    lambda n: fnmatch.fnmatchcase(n, pattern) and not _is_env_name(n))
+            else:
+                names = glob.glob(text) + [p[: -len(".spill")] for p in glob.glob(text + ".spill")]
+                paths = [p for p in sorted(set(names)) if not _is_env_name(os.path.basename(p))
+                         and (os.path.isfile(p) or _segments(p))]
+            if not paths:
+                raise LedgerError("%s: no trainer ledgers match this pattern" % text)
+            found = [(p, False) for p in paths]
+        elif (storage.isdir(text) if remote else os.path.isdir(text)) and not text.rstrip("/").endswith(".spill"):
+            directory = text.rstrip("/") if remote else text
+            names = storage.listdir(directory) if remote else os.listdir(directory)
+            paths = _ledgers_in(directory, names, lambda n: not _is_env_name(n))
+            if not paths:
+                raise LedgerError("%s: no trainer ledgers (*.npz other than env-N.npz) in this directory" % text)
+            found = [(p, False) for p in paths]
+        else:
+            found = [(text, True)]
+        for p, strict in found:
+            key = p if storage.is_remote(p) else os.path.realpath(p)
+            if key not in seen:
+                seen.add(key)
+                out.append((p, strict))
+    return out
+
+
+def read_trainers(spec):
+    """Read every trainer ledger ``spec`` names (see trainer_paths): ([(name, Ledger)], [lines of files passed over]).
+
+    ``name`` is the file's base name, or its path where two share a base name.
+    """
+    paths = trainer_paths(spec)
+    ledgers, passed = [], []
+    try:
+        for p, strict in paths:
+            try:
+                led = read_ledger(p)
+            except LedgerError as exc:
+                if strict:
+                    raise
+                passed.append("%s: not read as a trainer ledger (%s)" % (p, exc))
+                continue
+            if led.side != "trainer":
+                led.close()
+                if strict:
+                    raise LedgerError("%s: not a trainer-side ledger (side %r)" % (p, led.side))
+                passed.append("%s: not read as a trainer ledger (an %s-side ledger)" % (p, led.side))
+                continue
+            ledgers.append((p, led))
+        if not ledgers:
+            raise LedgerError("%s: no trainer ledgers can be read there (%s)" % (
+                ", ".join(str(p) for p, _ in paths), passed[0] if passed else "none"))
+    except BaseException:
+        for _, led in ledgers:
+            led.close()
+        raise
+    bases = [str(p).rstrip("/").rsplit("/", 1)[-1] for p, _ in ledgers]
+    named = [(b if bases.count(b) == 1 else str(p), led) for b, (p, led) in zip(bases, ledgers)]
+    return named, passed
+
+
+class MergedLedger(Ledger):
+    """Several trainer ledgers read as one: each stream from the file that holds it (``source[env]``)."""
+
+    def __init__(self, path, named):
+        first = named[0][1]
+        streams, source, files = {}, {}, []
+        for name, led in named:
+            files += led._files
+            for idx, stream in led.streams.items():
+                if idx not in streams or (len(stream) and not len(streams[idx])):
+                    streams[idx], source[idx] = stream, name
+        super().__init__(path, first.meta, dict(sorted(streams.items())), any(led.partial for _, led in named),
+                         files)
+        self.named = named
+        self.source = source
+
+    def close(self):
+        for _, led in self.named:
+            led.close()
+
+    def rename(self, text):
+        for _, led in self.named:
+            text = led.rename(text)
+        return text

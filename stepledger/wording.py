@@ -238,10 +238,16 @@ def settings_difference(env_meta, trainer_meta):
     are the same setting. Offline compare asks this of the two metas, the
     live check of the settings sent with an env's first token.
     """
+    found = differing_setting(env_meta, trainer_meta)
+    return None if found is None else different_settings(*found)
+
+
+def differing_setting(a_meta, b_meta):
+    """(key, a's value as JSON, b's) of the first setting two ledgers recorded differently, or None."""
     for key in SETTING_NAMES:
-        a, b = env_meta.get(key), trainer_meta.get(key)
+        a, b = a_meta.get(key), b_meta.get(key)
         if (digest_signature(a) != digest_signature(b)) if key != "reward_dtype" else a != b:
-            return different_settings(key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+            return key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True)
     return None
 
 
@@ -590,3 +596,22 @@ def unindexed_note(name, events, position=None, matches=None):
     if matches is not None:
         text += "; its first events match the trainer's env %d" % matches
     return text
+
+
+# ---------------------------------------------------------------- several trainer files (compare)
+
+def env_in_several_trainer_files(env, names, more=0):
+    """An env's stream with events in more than one trainer file of one run: compare refuses."""
+    return ("env %d appears in more than one trainer file (%s)%s: each env must be in exactly one trainer "
+            "ledger; give each learner's TrainerLedger the global index of each env it records"
+            % (env, _and(names), " and so do %d more envs" % more if more else ""))
+
+
+def different_trainer_settings(name, first, what, text, first_text):
+    return ("%s was recorded with another %s than %s (%s, not %s): the trainer files of one run record alike"
+            % (name, SETTING_NAMES.get(what, what), first, text, first_text))
+
+
+def earlier_trainer_run(name, written, began, newest):
+    return ("%s is from an earlier run (written %s, before %s began at %s): not compared"
+            % (name, written, newest, began))

@@ -51,9 +51,9 @@ def env_files(directory):
 
 # ---------------------------------------------------------------- the trainer side's link gives the index
 
-def _gym_run(kind, directory, n, steps, lengths=None, **trainer_kw):
+def _gym_run(kind, directory, n, steps, lengths=None, env_kw=None, **trainer_kw):
     lengths = lengths or [4] * n
-    fns = [functools.partial(deferred, directory, lengths[i]) for i in range(n)]
+    fns = [functools.partial(deferred, directory, lengths[i], **(env_kw or {})) for i in range(n)]
     venv = gym.vector.SyncVectorEnv(fns) if kind == "sync" else gym.vector.AsyncVectorEnv(fns, context="fork")
     envs = LedgerVectorEnv(venv, os.path.join(directory, "trainer.npz"), **trainer_kw)
     envs.reset(seed=0)
@@ -299,7 +299,105 @@ def test_live_without_index_refuses_before_the_env_is_reset(tmp_path):
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_live_with_the_index_from_the_link(tmp_path, kind):
     d = str(tmp_path)
-    envs = _gym_run(kind, d, 2, 10, live=True, on_fault="record")
-    assert envs.live_faults == []
-    envs.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # also "events arrive without a live token": the check must be active
+        envs = _gym_run(kind, d, 2, 10, env_kw={"live": True}, live=True, on_fault="record")
+        assert envs.live_faults == []
+        envs.close()
     assert compare(d, os.path.join(d, "trainer.npz")).ok
+
+
+# ---------------------------------------------------------------- killed runs, re-runs into the same directory
+
+_KILLED = """
+import functools, sys, time
+import gymnasium as gym, numpy as np
+import envs_for_tests as E
+from stepledger import LedgerEnv, LedgerVectorEnv
+d, linked = sys.argv[1], sys.argv[2] == "linked"
+def make(i):
+    if i == 0 or linked:
+        return LedgerEnv(E.CountEnv(length=5), d, flush_interval=0.3)
+    return LedgerEnv(E.CountEnv(length=5), d, index=i, flush_interval=0.3)
+venv = gym.vector.AsyncVectorEnv([functools.partial(make, i) for i in range(2)], context="fork")
+if not linked:
+    venv = gym.vector.VectorWrapper(venv)  # the trainer side cannot reach the env side: env 0 has no index
+envs = LedgerVectorEnv(venv, d + "/trainer.npz", flush_interval=0.3, autoreset_mode="next_step")
+envs.reset(seed=0)
+t0 = time.monotonic()
+while True:
+    envs.step(np.zeros(2, np.int64))
+    if time.monotonic() - t0 > 1.2:
+        print("ready", flush=True)
+        t0 = float("inf")
+    time.sleep(0.001)
+"""
+
+
+def _run_and_kill(directory, how):
+    import signal
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", _KILLED, directory, how], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_environ(), start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready"), proc.stderr.read()[-2000:]
+        import time
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its workers, with no warning
+        proc.wait(TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_a_killed_run_with_indices_from_the_link_is_not_a_difference(tmp_path):
+    d = str(tmp_path)
+    _run_and_kill(d, "linked")
+    with read(d) as led:
+        assert sorted(led.streams) == [0, 1] and led.partial  # read from the spilled segments
+        assert all(len(s) > 10 for s in led.streams.values())
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
+    assert cli("compare", d, os.path.join(d, "trainer.npz")).returncode == 0
+
+
+def test_a_killed_run_keeps_the_events_of_an_env_never_given_an_index(tmp_path):
+    d = str(tmp_path)
+    _run_and_kill(d, "unlinked")
+    left = [n for n in os.listdir(d) if n.startswith(S.UNINDEXED_PREFIX) and not n.endswith(S.LOCK_SUFFIX)]
+    [spill] = left
+    assert spill.endswith(".npz.spill"), left  # killed before any final file: only its segments
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert [(x.env, x.what) for x in report.differences] == [(0, "one_side")]
+    [note] = [n for n in report.notes if n.startswith(spill[:-len(".spill")])]
+    assert "had no index at its first event" in note and "match the trainer's env 0" in note
+
+
+def test_reruns_into_the_same_directory(tmp_path):
+    d = str(tmp_path)
+    # run 1: three envs, one of them never given an index (its trainer side could not reach it)
+    _unlinked_run(d, [0, None, 2])
+    import time
+    from stepledger.compare import CLOCK_SLACK
+    time.sleep(CLOCK_SLACK + 0.2)  # run 1's env side had no run id: it is told apart by its times
+    # run 2: two envs, indices from the link; run 1's env-2.npz and its unindexed file stay behind
+    _gym_run("sync", d, 2, 7).close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
+    assert any(n.startswith("env-2.npz is from another run") for n in report.notes), report.notes
+    [name] = unindexed(d)
+    assert any(n.startswith(name + " is from another run") for n in report.notes), report.notes
+    # run 3, same again with the index given by set_attr: still clean, run 2's ledgers replaced
+    fns = [functools.partial(deferred, d)] * 2
+    venv = gym.vector.SyncVectorEnv(fns)
+    venv.set_attr("stepledger_index", [0, 1])
+    envs = LedgerVectorEnv(venv, os.path.join(d, "trainer.npz"))
+    envs.reset(seed=1)
+    for _ in range(3):
+        envs.step(np.zeros(2, np.int64))
+    envs.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok and report.envs == [0, 1], str(report)

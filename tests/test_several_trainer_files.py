@@ -1,0 +1,261 @@
+"""compare with several trainer files: one per learner or trainer process.
+
+Given as a list, a glob, a directory of them, or the env directory itself; each env in exactly
+one of them. Runs that end badly hold as with one file: a learner killed before its final file,
+a trainer file of an earlier run left in the directory. Object storage too.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from stepledger import LedgerError, compare
+from stepledger import _schema as S
+from stepledger.compare import CLOCK_SLACK
+from stepledger.recording import Recording
+from stepledger.spaces import LeafLayout
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS_DIR)
+BOX = gym.spaces.Box(-1, 1, (2,), np.float32)
+ACT = gym.spaces.Discrete(2)
+TIMEOUT = 120
+
+
+def _environ():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, TESTS_DIR, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "stepledger", *args], capture_output=True, text=True,
+                          env=env or _environ(), timeout=TIMEOUT)
+
+
+def events(env, n_steps=6, start=None):
+    """An env's events: a reset, then steps; digests that differ from env to env."""
+    start = 1000 * (env + 1) if start is None else start
+    out = [(S.KIND_RESET, start, 0, 0.0, False, False)]
+    for k in range(1, n_steps + 1):
+        out.append((S.KIND_STEP, start + k, 7, 0.5 * k, False, k == n_steps))
+    return out
+
+
+def ledger(path, side, streams, reward_dtype=np.float32, close=True):
+    """A ledger of explicit events, written as a recording writes it: streams maps env -> events."""
+    from stepledger import core
+    rec = Recording(path, side, sorted(streams), LeafLayout(BOX), LeafLayout(ACT), reward_dtype, False)
+    f32 = np.dtype(reward_dtype) == np.float32
+    for k, env in enumerate(sorted(streams)):
+        for kind, ho, ha, r, te, tr in streams[env]:
+            rec.buffers[k].append(kind, ho, ha, core.reward_bits(r, f32), te, tr)
+    if close:
+        rec.close()
+    return rec
+
+
+def run(directory, layout, env_events=None, trainer_events=None):
+    """Env ledgers env-N.npz for every env of ``layout`` (trainer file name -> its envs), and the trainer files."""
+    env_events = env_events or {}
+    trainer_events = trainer_events or {}
+    os.makedirs(directory, exist_ok=True)
+    for envs in layout.values():
+        for e in envs:
+            ledger(os.path.join(directory, "env-%d.npz" % e), "env", {e: env_events.get(e, events(e))})
+    for name, envs in layout.items():
+        ledger(os.path.join(directory, name), "trainer", {e: trainer_events.get(e, events(e)) for e in envs})
+    return directory
+
+
+TWO_LEARNERS = {"trainer-0.npz": [0, 1], "trainer-1.npz": [2, 3]}
+
+
+# ---------------------------------------------------------------- the ways of naming them
+
+def test_a_list_a_glob_a_directory_and_the_env_directory_itself(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)
+    t0, t1 = os.path.join(d, "trainer-0.npz"), os.path.join(d, "trainer-1.npz")
+    only = tmp_path / "trainers"
+    only.mkdir()
+    for n in TWO_LEARNERS:
+        os.link(os.path.join(d, n), str(only / n))
+    for spec in ([t0, t1], os.path.join(d, "trainer-*.npz"), os.path.join(d, "*.npz"), d, str(only),
+                 [t0, os.path.join(d, "trainer-*.npz")]):  # a file named twice is read once
+        report = compare(d, spec)
+        assert report.ok and report.envs == [0, 1, 2, 3] and report.notes == [], (spec, str(report))
+        assert str(report) == "0 of 4 envs differ"
+    # one trainer file alone: the other learner's envs are on the env side only
+    report = compare(d, t0)
+    assert [(x.env, x.what, x.side) for x in report.differences] == [(2, "one_side", "env"), (3, "one_side", "env")]
+
+
+def test_cli_takes_several_files_a_glob_or_a_directory(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)
+    for args in ([os.path.join(d, "trainer-0.npz"), os.path.join(d, "trainer-1.npz")],  # a shell-expanded glob
+                 [os.path.join(d, "trainer-*.npz")], [d], [d + "/"]):
+        out = cli("compare", d, *args)
+        assert out.returncode == 0 and out.stdout.strip() == "0 of 4 envs differ", (args, out.stdout, out.stderr)
+    out = cli("compare", d, d, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["envs"] == [0, 1, 2, 3]
+
+
+def test_a_difference_in_the_second_file_json_and_junit(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS,
+            trainer_events={3: events(3)[:4] + [(S.KIND_STEP, 9999, 7, 2.0, False, False)] + events(3)[5:]})
+    junit = str(tmp_path / "report.xml")
+    out = cli("compare", d, os.path.join(d, "trainer-*.npz"), "--json", "--junit", junit)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert report["n_differ"] == 1 and report["differences"][0]["env"] == 3
+    assert report["differences"][0]["episode"] == 0 and report["differences"][0]["step"] == 4
+    assert report["differences"][0]["fields"] == ["obs"]
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert sorted(cases) == ["env 0", "env 1", "env 2", "env 3"]
+    assert [n for n, c in cases.items() if c.find("failure") is not None] == ["env 3"]
+    text = cli("compare", d, d)
+    assert text.returncode == 1 and text.stdout.splitlines()[0] == "env 3, episode 0, step 4: obs differs"
+
+
+# ---------------------------------------------------------------- each env in exactly one file
+
+def test_an_env_in_two_trainer_files_is_refused_naming_both(tmp_path):
+    d = run(str(tmp_path / "ledger"), {"trainer-0.npz": [0, 1, 2], "trainer-1.npz": [2, 3]})
+    with pytest.raises(LedgerError) as info:
+        compare(d, os.path.join(d, "trainer-*.npz"))
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith("env 2 appears in more than one trainer file (trainer-0.npz and trainer-1.npz)"), msg
+    out = cli("compare", d, d, "--json")
+    assert out.returncode == 2 and "env 2 appears in more than one trainer file" in out.stderr
+    assert json.loads(out.stdout)["ok"] is False and len(out.stderr.strip().splitlines()) == 1
+    # several envs shared: the first is named, the others counted
+    d2 = run(str(tmp_path / "two"), {"a.npz": [0, 1, 2], "b.npz": [0, 1, 2]})
+    with pytest.raises(LedgerError, match=r"^env 0 appears .*\(a.npz and b.npz\) and so do 2 more envs"):
+        compare(d2, d2)
+
+
+def test_a_stream_with_no_events_does_not_count_as_appearing(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)
+    # a learner that holds a stream for env 2 but never got an event for it
+    ledger(os.path.join(d, "trainer-0.npz"), "trainer", {0: events(0), 1: events(1), 2: []})
+    report = compare(d, d)
+    assert report.ok and report.envs == [0, 1, 2, 3], str(report)
+
+
+def test_trainer_files_recorded_differently_are_refused(tmp_path):
+    d = run(str(tmp_path / "ledger"), {"trainer-0.npz": [0, 1]})
+    ledger(os.path.join(d, "env-2.npz"), "env", {2: events(2)})
+    ledger(os.path.join(d, "trainer-1.npz"), "trainer", {2: events(2)}, reward_dtype=np.float64)
+    out = cli("compare", d, d)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("stepledger: trainer-1.npz was recorded with another reward dtype than "
+                                  "trainer-0.npz (\"float64\", not \"float32\"): the trainer files of one run "
+                                  "record alike")
+
+
+def test_what_names_no_trainer_ledger_is_refused_with_one_line(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)
+    envs_only = tmp_path / "envs"
+    envs_only.mkdir()
+    ledger(str(envs_only / "env-0.npz"), "env", {0: events(0)})
+    cases = [
+        ([d, os.path.join(d, "nothing-*.npz")], "no trainer ledgers match this pattern"),
+        ([str(envs_only), str(envs_only)], "no trainer ledgers (*.npz other than env-N.npz) in this directory"),
+        ([os.path.join(d, "trainer-0.npz"), d], "given in the wrong order"),
+        ([d, os.path.join(d, "trainer-0.npz"), os.path.join(d, "env-0.npz")], "not a trainer-side ledger"),
+    ]
+    for args, words in cases:
+        out = cli("compare", *args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert words in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_other_files_in_the_directory_are_passed_over_with_a_line(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)
+    np.savez(os.path.join(d, "episodes.npz"), r=np.arange(3.0))  # not a ledger (an episode log, say)
+    ledger(os.path.join(d, "copy-of-env-0.npz"), "env", {0: events(0)})  # an env-side ledger under another name
+    report = compare(d, d)
+    assert report.ok and report.envs == [0, 1, 2, 3]
+    assert any(n.startswith(os.path.join(d, "episodes.npz") + ": not read as a trainer ledger") for n in report.notes)
+    assert any("copy-of-env-0.npz: not read as a trainer ledger (an env-side ledger)" in n for n in report.notes)
+    # named on its own, the same file is refused
+    with pytest.raises(LedgerError, match="not a ledger"):
+        compare(d, [os.path.join(d, "trainer-0.npz"), os.path.join(d, "episodes.npz")])
+
+
+# ---------------------------------------------------------------- runs that end badly
+
+_KILLED_LEARNER = """
+import os, signal, sys
+sys.path.insert(0, %(tests)r)
+import test_several_trainer_files as T
+rec = T.ledger(%(path)r, "trainer", {2: T.events(2)[:4], 3: T.events(3)[:3]}, close=False)
+rec.spill()  # what a periodic spill leaves on disk
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_learner_killed_before_its_final_file_is_read_from_its_segments(tmp_path):
+    d = run(str(tmp_path / "ledger"), {"trainer-0.npz": [0, 1]})
+    for e in (2, 3):
+        ledger(os.path.join(d, "env-%d.npz" % e), "env", {e: events(e)})
+    proc = subprocess.run([sys.executable, "-c", _KILLED_LEARNER % {"tests": TESTS_DIR,
+                                                                    "path": os.path.join(d, "trainer-1.npz")}],
+                          env=_environ(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not os.path.exists(os.path.join(d, "trainer-1.npz")) and os.path.isdir(os.path.join(d, "trainer-1.npz.spill"))
+    for spec in (os.path.join(d, "trainer-*.npz"), d):
+        report = compare(d, spec)
+        assert report.ok and report.envs == [0, 1, 2, 3], str(report)  # a killed learner is not a difference
+        assert report.partial["trainer"]
+        ends = [n for n in report.notes if n.startswith(("env 2:", "env 3:"))]
+        assert len(ends) == 2 and all("records end at different points" in n for n in ends), report.notes
+        assert any(n.startswith("trainer-1.npz: not closed (its process is gone)") for n in report.notes)
+    out = cli("compare", d, os.path.join(d, "trainer-*.npz"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_trainer_file_of_an_earlier_run_left_in_the_directory(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)  # run 1: two learners
+    time.sleep(CLOCK_SLACK + 0.3)
+    run(d, {"trainer-0.npz": [0, 1]})  # run 2: one learner, two envs; run 1's trainer-1.npz stays
+    for spec in (d, os.path.join(d, "trainer-*.npz")):
+        report = compare(d, spec)
+        assert report.ok and report.envs == [0, 1], str(report)
+        assert any(n.startswith("trainer-1.npz is from an earlier run (written ") and n.endswith(": not compared")
+                   for n in report.notes), report.notes
+        assert any(n.startswith("env-2.npz is from another run") for n in report.notes), report.notes
+    # run 3 with two learners again, and an env of learner 1 that differs: reported, not passed over
+    time.sleep(CLOCK_SLACK + 0.3)
+    run(d, TWO_LEARNERS, trainer_events={2: events(2, start=5)})
+    report = compare(d, d)
+    assert [x.env for x in report.differences] == [2] and report.notes == [], str(report)
+
+
+def test_compare_while_the_learners_write(tmp_path):
+    """Two learners still recording (a flush each): in progress, not a difference."""
+    d = str(tmp_path / "ledger")
+    os.makedirs(d)
+    for e in range(4):
+        ledger(os.path.join(d, "env-%d.npz" % e), "env", {e: events(e)})
+    recs = [ledger(os.path.join(d, n), "trainer", {e: events(e)[:3] for e in envs}, close=False)
+            for n, envs in TWO_LEARNERS.items()]
+    try:
+        for r in recs:
+            r.write()
+        report = compare(d, d)
+        assert report.ok and report.envs == [0, 1, 2, 3], str(report)
+        assert sum(1 for n in report.notes if ": in progress, last written" in n) == 2, report.notes
+    finally:
+        for r in recs:
+            r.close()
