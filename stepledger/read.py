@@ -661,7 +661,9 @@ def read_trainers(spec):
             except LedgerError as exc:
                 if strict:
                     raise
-                passed.append("%s: not read as a trainer ledger (%s)" % (p, exc))
+                why = str(exc)
+                why = why[len(str(p)) + 2:] if why.startswith(str(p) + ": ") else why
+                passed.append("%s: not read as a trainer ledger (%s)" % (p, why))
                 continue
             if led.side != "trainer":
                 led.close()
@@ -671,8 +673,8 @@ def read_trainers(spec):
                 continue
             ledgers.append((p, led))
         if not ledgers:
-            raise LedgerError("%s: no trainer ledgers can be read there (%s)" % (
-                ", ".join(str(p) for p, _ in paths), passed[0] if passed else "none"))
+            named = ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
+            raise LedgerError("%s: no trainer ledger there can be read (%s)" % (named, "; ".join(passed[:2])))
     except BaseException:
         for _, led in ledgers:
             led.close()
