@@ -97,7 +97,7 @@ def run_steps(directory, acts):
 
 def recordings(envs):
     from stepledger import LedgerEnv
-    out = [envs._side.recording]
+    out = [envs.ledger.recording]
     for e in envs.unwrapped.envs:
         while not isinstance(e, LedgerEnv):
             e = e.env

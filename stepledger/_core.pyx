@@ -361,7 +361,13 @@ cdef class StreamBuffer:
 
     cdef inline int push(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
                          bint terminated, bint truncated) except -1:
-        """Append one event; returns 1 when the process is over its memory limit."""
+        """Append one event; returns 1 when the recordings want attention (memory or time, see _due)."""
+        self.put(kind, h_obs, h_act, h_rew, terminated, truncated)
+        return _due()
+
+    cdef inline int put(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
+                        bint terminated, bint truncated) except -1:
+        """Append one event without asking whether the recordings want attention (the caller asks once)."""
         global _used
         cdef Py_ssize_t n = self.size
         if n == self.capacity:
@@ -374,7 +380,7 @@ cdef class StreamBuffer:
         self.trunc[n] = truncated and not terminated
         self.size = n + 1
         _used += BYTES_PER_EVENT
-        return _due()
+        return 0
 
     def append(self, kind, h_obs, h_act, h_rew, terminated, truncated):
         """Append one event. Returns True when the process is over its memory limit."""
@@ -737,7 +743,12 @@ cdef class VectorRecorder:
 
     ``buffers`` holds one StreamBuffer per env. Each method records the events
     of all envs with no Python loop over them and returns True when the
-    process is over its memory limit.
+    recordings want attention: the process is over its memory limit, or a
+    periodic spill is due (asked once a call, not once an event).
+
+    ``env_reset`` and ``env_steps`` record one env's events instead, many
+    steps at once (trainers that receive episodes or chunks); they do not
+    feed the live check.
     """
 
     cdef public list buffers
@@ -791,7 +802,7 @@ cdef class VectorRecorder:
         (<uint8_t *>cnp.PyArray_DATA(self.ev_flags))[k] = (1 if te else 0) | (2 if tr and not te else 0)
         (<uint8_t *>cnp.PyArray_DATA(self.ev_count))[i] = j + 1
         (<int64_t *>cnp.PyArray_DATA(self.counts))[i] += 1
-        return (<StreamBuffer>self.buffers[i]).push(kind, h_obs, h_act, h_rew, te, tr)
+        return (<StreamBuffer>self.buffers[i]).put(kind, h_obs, h_act, h_rew, te, tr)
 
     cdef inline void _new_call(self) noexcept:
         memset(cnp.PyArray_DATA(self.ev_count), 0, self.n)
@@ -871,7 +882,7 @@ cdef class VectorRecorder:
     def digest_obs(self, value):
         return self.obs.digest(value)
 
-    cdef bint _batch_fits(self, _Digester d, object batch):
+    cdef bint _batch_fits(self, _Digester d, object batch, Py_ssize_t n):
         """True when ``batch`` is already the cast batch of a one-leaf space:
         an array of the leaf's dtype and of shape (n,) + the leaf's shape."""
         cdef cnp.ndarray a
@@ -881,7 +892,7 @@ cdef class VectorRecorder:
         a = <cnp.ndarray>batch
         if cnp.PyArray_TYPE(a) != d.fast_type or not cnp.PyArray_ISNOTSWAPPED(a):
             return False
-        if cnp.PyArray_NDIM(a) != d.fast_ndim + 1 or cnp.PyArray_DIMS(a)[0] != self.n:
+        if cnp.PyArray_NDIM(a) != d.fast_ndim + 1 or cnp.PyArray_DIMS(a)[0] != n:
             return False
         for i in range(d.fast_ndim):
             if cnp.PyArray_DIMS(a)[i + 1] != d.fast_shape[i]:
@@ -889,25 +900,27 @@ cdef class VectorRecorder:
         return True
 
     cdef int _rows(self, _Digester d, object batch, cnp.ndarray out) except -1:
-        """Digest each env's row of ``batch`` into ``out``; invalid for all if it cannot be cast."""
+        """Digest each row of ``batch`` into ``out`` (one row per element of out);
+        invalid for all if it cannot be cast."""
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef Py_ssize_t n = cnp.PyArray_DIMS(out)[0]
         cdef Py_ssize_t i
-        if self._batch_fits(d, batch):
-            _digest_rows([batch], o, self.n)  # no cast needed: skips the Python layout code
+        if self._batch_fits(d, batch, n):
+            _digest_rows([batch], o, n)  # no cast needed: skips the Python layout code
             return 0
-        if d.variable:  # values of varying size: each env's value cast and digested on its own
+        if d.variable:  # values of varying size: each row's value cast and digested on its own
             i = 0
-            for leaves in d.layout.cast_each(batch, self.n):
+            for leaves in d.layout.cast_each(batch, n):
                 o[i] = C_INVALID if leaves is None else _digest_leaves(leaves)
                 i += 1
             return 0
         try:
-            leaves = d.layout.cast_rows(batch, self.n)
+            leaves = d.layout.cast_rows(batch, n)
         except Exception:
-            for i in range(self.n):
+            for i in range(n):
                 o[i] = C_INVALID
             return 0
-        _digest_rows(leaves, o, self.n)
+        _digest_rows(leaves, o, n)
         return 0
 
     cdef cnp.ndarray _rewards(self, object rewards):
@@ -952,16 +965,15 @@ cdef class VectorRecorder:
         cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
         cdef uint64_t zero = _bits(0.0, self.is_f32)
         cdef Py_ssize_t i
-        cdef int over = 0
         if mask is not None:
             pm = self._flags(mask, keep, "reset_mask")
         self._rows(self.obs, obs, self.last_obs)
         self._new_call()
         for i in range(self.n):
             if pm == NULL or pm[i]:
-                over |= self._push(i, KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
+                self._push(i, KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
                 pend[i] = 0
-        return over == 1
+        return _due()
 
     def actions(self, actions):
         """Digest the actions sent to the envs, before they are handed over (Gymnasium's batch layout)."""
@@ -974,7 +986,7 @@ cdef class VectorRecorder:
         env i is sent ``actions[i]``); an env whose value cannot be taken is recorded as invalid."""
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(self.last_act)
         cdef Py_ssize_t i
-        if self._batch_fits(self.act, actions):
+        if self._batch_fits(self.act, actions, self.n):
             # an array of rows already of the leaf's dtype and shape: row i is actions[i]
             _digest_rows([actions], o, self.n)
             return
@@ -998,18 +1010,17 @@ cdef class VectorRecorder:
         cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
         cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
         cdef Py_ssize_t i
-        cdef int over = 0
         self._rows(self.obs, obs, self.last_obs)
         self._new_call()
         for i in range(self.n):
             if pend[i]:
                 ha[i] = NO_DIGEST
-                over |= self._push(i, KIND_RESET, ho[i], NO_DIGEST, _bits(pr[i], self.is_f32), te[i], tr[i])
+                self._push(i, KIND_RESET, ho[i], NO_DIGEST, _bits(pr[i], self.is_f32), te[i], tr[i])
                 pend[i] = 0
             else:
-                over |= self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), te[i], tr[i])
+                self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), te[i], tr[i])
                 pend[i] = te[i] or tr[i]
-        return over == 1
+        return _due()
 
     def step_same(self, obs, rewards, dict finals):
         """A vector step under same-step autoreset (Gymnasium SAME_STEP, SB3).
@@ -1025,14 +1036,63 @@ cdef class VectorRecorder:
         cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
         cdef uint64_t zero = _bits(0.0, self.is_f32)
         cdef Py_ssize_t i
-        cdef int over = 0
         self._rows(self.obs, obs, self.last_obs)
         self._new_call()
         for i in range(self.n):
             if finals and i in finals:
                 h_final, te, tr = finals[i]
-                over |= self._push(i, KIND_STEP, h_final, ha[i], _bits(pr[i], self.is_f32), te, tr)
-                over |= self._push(i, KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
+                self._push(i, KIND_STEP, h_final, ha[i], _bits(pr[i], self.is_f32), te, tr)
+                self._push(i, KIND_RESET, ho[i], NO_DIGEST, zero, False, False)
             else:
-                over |= self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), False, False)
-        return over == 1
+                self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), False, False)
+        return _due()
+
+    def env_reset(self, Py_ssize_t i, obs):
+        """Record a reset of env i that returned ``obs``."""
+        cdef uint64_t h
+        if i < 0 or i >= self.n:
+            raise IndexError("env %d is not one of the %d envs" % (i, self.n))
+        h = self.obs.digest(obs)
+        (<uint64_t *>cnp.PyArray_DATA(self.last_obs))[i] = h
+        (<uint8_t *>cnp.PyArray_DATA(self.pending))[i] = 0
+        (<int64_t *>cnp.PyArray_DATA(self.counts))[i] += 1
+        (<StreamBuffer>self.buffers[i]).put(KIND_RESET, h, NO_DIGEST, _bits(0.0, self.is_f32), False, False)
+        return _due()
+
+    def env_steps(self, Py_ssize_t i, actions, obs, rewards, terminated, truncated):
+        """Record m steps of env i: ``actions`` and ``obs`` batched over the m steps
+        (a leading axis of m), ``rewards``, ``terminated`` and ``truncated`` of m each."""
+        cdef list keep = []
+        cdef cnp.ndarray rew = np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
+        cdef Py_ssize_t m = cnp.PyArray_SIZE(rew)
+        cdef cnp.ndarray h_obs = np.empty(m, dtype=np.uint64)
+        cdef cnp.ndarray h_act = np.empty(m, dtype=np.uint64)
+        cdef const uint8_t *te
+        cdef const uint8_t *tr
+        cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
+        cdef uint64_t *po
+        cdef uint64_t *pa
+        cdef StreamBuffer buf
+        cdef Py_ssize_t k
+        if i < 0 or i >= self.n:
+            raise IndexError("env %d is not one of the %d envs" % (i, self.n))
+        te = _bool_data(terminated, keep)
+        if cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1]) != m:
+            raise ValueError("expected %d values of terminated, got %d"
+                             % (m, cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1])))
+        tr = _bool_data(truncated, keep)
+        if cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1]) != m:
+            raise ValueError("expected %d values of truncated, got %d"
+                             % (m, cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1])))
+        if m == 0:
+            return _due()
+        self._rows(self.act, actions, h_act)
+        self._rows(self.obs, obs, h_obs)
+        po = <uint64_t *>cnp.PyArray_DATA(h_obs)
+        pa = <uint64_t *>cnp.PyArray_DATA(h_act)
+        buf = <StreamBuffer>self.buffers[i]
+        for k in range(m):
+            buf.put(KIND_STEP, po[k], pa[k], _bits(pr[k], self.is_f32), te[k], tr[k])
+        (<uint64_t *>cnp.PyArray_DATA(self.last_obs))[i] = po[m - 1]
+        (<int64_t *>cnp.PyArray_DATA(self.counts))[i] += m
+        return _due()

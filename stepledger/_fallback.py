@@ -458,12 +458,14 @@ class VectorRecorder:
         return _digest_value(self.obs_layout, value)
 
     def _rows(self, layout, batch, out):
-        if layout.variable:  # values of varying size: each env's value cast and digested on its own
-            for i, leaves in enumerate(layout.cast_each(batch, self.n)):
+        """Digest each row of ``batch`` into ``out`` (one row per element of out)."""
+        n = len(out)
+        if layout.variable:  # values of varying size: each row's value cast and digested on its own
+            for i, leaves in enumerate(layout.cast_each(batch, n)):
                 out[i] = digest_leaves(leaves)
             return
         try:
-            leaves = layout.cast_rows(batch, self.n)
+            leaves = layout.cast_rows(batch, n)
         except Exception:
             out[:] = INVALID_DIGEST
             return
@@ -570,4 +572,39 @@ class VectorRecorder:
                 over |= self._push(i, S.KIND_RESET, int(self.last_obs[i]), S.NO_DIGEST, zero, False, False)
             else:
                 over |= self._push(i, S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, False, False)
+        return over
+
+    def env_reset(self, i, obs):
+        """Record a reset of env i that returned ``obs``."""
+        if not 0 <= i < self.n:
+            raise IndexError("env %d is not one of the %d envs" % (i, self.n))
+        h = _digest_value(self.obs_layout, obs)
+        self.last_obs[i], self.pending[i] = h, False
+        self.counts[i] += 1
+        return self.buffers[i].append(S.KIND_RESET, h, S.NO_DIGEST, reward_bits(0.0, self.is_f32), False, False)
+
+    def env_steps(self, i, actions, obs, rewards, terminated, truncated):
+        """Record m steps of env i: ``actions`` and ``obs`` batched over the m steps
+        (a leading axis of m), ``rewards``, ``terminated`` and ``truncated`` of m each."""
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        m = rewards.shape[0]
+        if not 0 <= i < self.n:
+            raise IndexError("env %d is not one of the %d envs" % (i, self.n))
+        flags = []
+        for arr, what in ((terminated, "terminated"), (truncated, "truncated")):
+            arr = np.asarray(arr, dtype=np.bool_).reshape(-1)
+            if arr.shape[0] != m:
+                raise ValueError("expected %d values of %s, got %d" % (m, what, arr.shape[0]))
+            flags.append(arr)
+        if m == 0:
+            return _due()
+        h_act, h_obs = np.empty(m, dtype=np.uint64), np.empty(m, dtype=np.uint64)
+        self._rows(self.act_layout, actions, h_act)
+        self._rows(self.obs_layout, obs, h_obs)
+        over = False
+        for k in range(m):
+            over |= self.buffers[i].append(S.KIND_STEP, int(h_obs[k]), int(h_act[k]),
+                                           reward_bits(rewards[k], self.is_f32), flags[0][k], flags[1][k])
+        self.last_obs[i] = h_obs[m - 1]
+        self.counts[i] += m
         return over

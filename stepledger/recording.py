@@ -638,6 +638,13 @@ class Recording:
                 except OSError:
                     pass
 
+    def flush(self):
+        """Write what is new since the last write, as a spill segment: the cost is that of the new
+        events, not of the whole history. At a URL, wait for its upload (or the uploader giving up)."""
+        self.spill()
+        if self.remote and not self.closed:
+            self._remote.wait()
+
     def spill(self):
         """Write the events in memory to a new spill segment and free them."""
         with self._lock, _writing():
@@ -965,64 +972,3 @@ def _check_remote(url):
             _WARNED_MEMORY.append(True)
             warnings.warn("stepledger: %s is in this process's memory only; a ledger written there from a worker "
                           "process is not visible to the trainer's process" % url, RuntimeWarning, stacklevel=4)
-
-
-class TrainerSide:
-    """What a trainer-side wrapper records with: the Recording (None in live-only mode), the core's
-    VectorRecorder over its streams, and the live check. Shared by LedgerVectorEnv and LedgerVecEnv."""
-
-    def __init__(self, owner, path, n_envs, obs_space, act_space, reward_dtype, keep_values, autoreset_mode,
-                 live, on_fault, interval=None):
-        from .live import LiveCheck, check_on_fault, settings_of
-        from .spaces import LeafLayout
-        if path is not None or not live:
-            path = check_path(path, owner, "path")
-        if keep_values and path is None:
-            raise ValueError("%s: keep_values=True needs a path to write the values to" % owner)
-        dtype = check_reward_dtype(reward_dtype, owner)
-        interval = flush_interval(interval, owner)
-        obs_layout = LeafLayout(obs_space, "%s: observation space" % owner)
-        act_layout = LeafLayout(act_space, "%s: action space" % owner)
-        if path is None:
-            # live check only: no file; the buffers are emptied at every step, so memory stays constant
-            self.recording = None
-            buffers = [core.StreamBuffer(16) for _ in range(n_envs)]
-        else:
-            self.recording = Recording(path, "trainer", range(n_envs), obs_layout, act_layout, dtype, keep_values,
-                                       {"autoreset_mode": autoreset_mode}, interval, owner)
-            buffers = self.recording.buffers
-        self.recorder = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
-        self.live = LiveCheck(self.recorder, dtype.name, check_on_fault(on_fault, owner), owner,
-                              settings_of(dtype.name, obs_layout, act_layout)) if live else None
-
-    @property
-    def path(self):
-        return None if self.recording is None else self.recording.path
-
-    @property
-    def run(self):
-        return None if self.recording is None else self.recording.run
-
-    def links(self, n_envs):
-        """What each env-side ledger is told: (run, its position in the vector env)."""
-        return [(self.run, i) for i in range(n_envs)]
-
-    def interrupted(self):
-        """An exception escaped the vector env's step or reset: the run did not end cleanly."""
-        if self.recording is not None:
-            self.recording.interrupted = True
-
-    def after_step(self, over):
-        """Keep memory bounded after a recorded step: spill if due, or empty the live-only buffers."""
-        if self.recording is None:
-            self.recorder.clear_buffers()
-        elif over:
-            attend()
-
-    def flush(self):
-        if self.recording is not None:
-            self.recording.write()
-
-    def close(self):
-        if self.recording is not None:
-            self.recording.close()

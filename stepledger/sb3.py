@@ -3,8 +3,6 @@
 Needs the ``[sb3]`` extra: ``pip install "plugrl-stepledger[sb3]"``.
 """
 
-import warnings
-
 import numpy as np
 
 try:
@@ -14,11 +12,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
     raise ImportError("stepledger.sb3 needs stable-baselines3: pip install \"plugrl-stepledger[sb3]\" "
                       "(or pip install stable-baselines3)") from exc
 
-from . import core
-from ._schema import LINK_ATTR, SETTINGS_KEY, TOKEN_KEY
-from .live import BoundaryFault, check_on_fault
-from .recording import TrainerSide
+from ._schema import LINK_ATTR, SETTINGS_KEY
+from .live import BoundaryFault
 from .stack import warn_inner_wrappers
+from .trainer import DONE_FLAGS, TrainerLedger
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
 
@@ -54,28 +51,26 @@ class LedgerVecEnv(VecEnvWrapper):
                  keep_tokens=False, check_wrappers=True, flush_interval=None):
         super().__init__(venv)
         warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
-        self._side = TrainerSide("LedgerVecEnv", path, venv.num_envs, venv.observation_space, venv.action_space,
-                                 reward_dtype, keep_values, "sb3", live, on_fault, flush_interval)
+        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
+                                    autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values,
+                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
+                                    flush_interval=flush_interval, owner="LedgerVecEnv")
+        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
         self._link_envs()
-        self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
-        self._keep = keep_values
-        self._actions = None
-        self._warned_missing = False
         self.live = bool(live)
-        self._pop_tokens = not keep_tokens
 
     @property
     def ledger_path(self):
         """Where the trainer ledger is written (None in live-only mode)."""
-        return self._side.path
+        return self.ledger.path
 
     def _link_envs(self):
         """Tell each env-side ledger the run and its position (see vector.link_envs), one env at a time:
         SB3's set_attr gives every env the same value, so this goes through each env's set_wrapper_attr."""
-        if self._side.run is None or type(self.venv) not in (DummyVecEnv, SubprocVecEnv):
+        if self.ledger.run is None or type(self.venv) not in (DummyVecEnv, SubprocVecEnv):
             return
         try:
-            for i, link in enumerate(self._side.links(self.num_envs)):
+            for i, link in enumerate(self.ledger.links()):
                 self.venv.env_method("set_wrapper_attr", LINK_ATTR, link, indices=[i])
         except Exception:
             pass
@@ -83,12 +78,11 @@ class LedgerVecEnv(VecEnvWrapper):
     @property
     def live_faults(self):
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
-        return self._live.faults if self._live is not None else []
+        return self.ledger.live_faults
 
     def set_on_fault(self, on_fault):
         """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
-        if self._live is not None:
-            self._live.on_fault = check_on_fault(on_fault, "LedgerVecEnv")
+        self.ledger.set_on_fault(on_fault)
 
     def _inner_reset_infos(self):
         # the innermost VecEnv fills reset_infos; wrappers in between keep lists of their own
@@ -107,99 +101,43 @@ class LedgerVecEnv(VecEnvWrapper):
         try:
             obs = self.venv.reset()
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
-            self._side.interrupted()
+            self.ledger.interrupted()
             raise
-        over = self._rec.reset(obs)
-        if self._keep:
-            rows = self._rows(self._rec.obs_layout, obs)
-            for i, store in enumerate(self._recording.values):
-                over |= store.append(rows[i], None)
-        self._after(over)
-        if self._live is not None:
+        led = self.ledger
+        led.reset(obs)
+        if self.live:
             # each env's first event is this reset: its settings come with it
-            self._live.check_settings(self._rec.tokens(self._inner_reset_infos(), SETTINGS_KEY, self._pop_tokens))
-            tokens = self._rec.tokens(self._inner_reset_infos(), TOKEN_KEY, self._pop_tokens)
-            self._live(tokens)
+            led.check_settings(led.tokens(self._inner_reset_infos(), SETTINGS_KEY))
+            led.check_tokens(led.tokens(self._inner_reset_infos()))
         return obs
 
     def step_async(self, actions):
         # SB3's VecEnvs send env i actions[i]: a row of an array, or the i-th dict or
         # tuple of a list. Each is digested as its env will receive it, before it is sent.
-        self._rec.actions_per_env(actions)
-        if self._keep:
-            self._actions = self._rec.act_layout.cast_per_env(actions, self.num_envs)
+        self.ledger.actions_per_env(actions)
         self.venv.step_async(actions)
 
     def step_wait(self):
         try:
             obs, rewards, dones, infos = self.venv.step_wait()
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
-            self._side.interrupted()
+            self.ledger.interrupted()
             raise
-        rec = self._rec
-        ended = rec.ended(dones)
-        finals = {}
-        for i in ended:  # the envs that are done at this step only
-            info = infos[i]
-            truncated = bool(info.get(_TIME_LIMIT, False))
-            final = info.get(_TERMINAL_OBS)
-            if final is not None:
-                h = rec.digest_obs(final)
-            else:
-                h = core.MISSING_DIGEST
-                self._warn_missing(i)
-            finals[i] = (h, not truncated, truncated)
-        over = rec.step_same(obs, rewards, finals)
-        if self._keep:
-            over |= self._keep_step(obs, ended, infos)
-        self._after(over)
-        if self._live is not None:
-            steps = rec.tokens(infos, TOKEN_KEY, self._pop_tokens)
-            resets = rec.tokens(self._inner_reset_infos(), TOKEN_KEY, self._pop_tokens) if ended else None
-            self._live(steps, steps, resets)
+        led = self.ledger
+        led.step_dones(obs, rewards, dones, infos, _TERMINAL_OBS, _TIME_LIMIT)
+        if self.live:
+            steps = led.tokens(infos)
+            led.check_tokens(steps, steps, led.tokens(self._inner_reset_infos()) if led.ended else None)
         return obs, rewards, dones, infos
 
-    def _after(self, over):
-        self._side.after_step(over)
-
-    def _warn_missing(self, i):
-        if not self._warned_missing:
-            self._warned_missing = True
-            warnings.warn("LedgerVecEnv: env %d is done without infos[%d]['terminal_observation']; its "
-                          "final observation is recorded as missing and will show as an obs difference"
-                          % (i, i), stacklevel=3)
-
-    def _rows(self, layout, batch):
-        """Each env's cast observation leaves (None where they cannot be cast)."""
-        return layout.cast_each(batch, self.num_envs)
-
-    def _keep_step(self, obs, ended, infos):
-        orows = self._rows(self._rec.obs_layout, obs)
-        arows = self._actions
-        over = False
-        for i, store in enumerate(self._recording.values):
-            o = orows[i]
-            a = None if arows is None else arows[i]
-            if i in ended:
-                final = infos[i].get(_TERMINAL_OBS)
-                try:
-                    f = None if final is None else self._rec.obs_layout.cast(final)
-                except Exception:
-                    f = None
-                over |= store.append(f, a)
-                over |= store.append(o, None)
-            else:
-                over |= store.append(o, a)
-        return over
-
     def flush(self):
-        """Write the trainer ledger now; recording goes on."""
-        self._side.flush()
+        """Write what is new in the trainer ledger; recording goes on."""
+        self.ledger.flush()
 
     def close(self):
         """Write the trainer ledger, then close the VecEnv."""
         try:
-            self._side.close()
+            self.ledger.close()
         finally:
             self.venv.close()
 

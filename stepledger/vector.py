@@ -1,39 +1,13 @@
 """The trainer side for Gymnasium: ``LedgerVectorEnv``, innermost around the vector env."""
 
-import warnings
-
 import gymnasium as gym
 import numpy as np
 
-from . import core
 from ._schema import LINK_ATTR, SETTINGS_KEY, TOKEN_KEY
-from .recording import TrainerSide
 from .stack import warn_inner_wrappers
+from .trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
 
-NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
-
-_ABSENT = object()  # no final observation for this env
-
-
-def final_obs_at(info, i):
-    """``info["final_obs"][i]`` as a SAME_STEP vector env reports it, or _ABSENT.
-
-    Gymnasium (1.1 and later) gives an object array with the mask
-    ``_final_obs``. A vector env whose info merging lacks Gymnasium's special
-    case for final_obs splits a dict observation into a dict of arrays (with
-    ``_key`` masks); that is read key by key. Never raises.
-    """
-    final_obs = info.get("final_obs", _ABSENT) if isinstance(info, dict) else _ABSENT
-    if final_obs is _ABSENT or final_obs is None:
-        return _ABSENT
-    try:
-        mask = info.get("_final_obs")
-        if mask is not None and not mask[i]:
-            return _ABSENT
-        value = _row(final_obs, i)
-    except Exception:
-        return _ABSENT
-    return _ABSENT if value is None else value
+__all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "link_envs", "resolve_autoreset_mode"]
 
 
 def _row(batch, i):
@@ -44,19 +18,10 @@ def _row(batch, i):
     return batch[i]
 
 
-def _mode_name(mode):
-    """Normalise an AutoresetMode, its value ('NextStep') or a name ('next_step')."""
-    value = getattr(mode, "value", mode)
-    if not isinstance(value, str):
-        return None
-    key = value.replace("_", "").replace("-", "").lower()
-    return {"nextstep": NEXT_STEP, "samestep": SAME_STEP, "disabled": DISABLED}.get(key)
-
-
 def resolve_autoreset_mode(env, autoreset_mode, owner):
     """The vector env's autoreset mode; refuses DISABLED and refuses to guess."""
     if autoreset_mode is not None:
-        mode = _mode_name(autoreset_mode)
+        mode = autoreset_mode_name(autoreset_mode)
         if mode is None:
             raise ValueError("%s: autoreset_mode must be 'next_step' or 'same_step' (or an AutoresetMode), "
                              "got %r" % (owner, autoreset_mode))
@@ -75,7 +40,7 @@ def resolve_autoreset_mode(env, autoreset_mode, owner):
                 and getattr(base, "autoreset_mode", None) is not None:
             declared = base.autoreset_mode
         if declared is not None:
-            mode = _mode_name(declared)
+            mode = autoreset_mode_name(declared)
             if mode is None:
                 raise ValueError("%s: the vector env declares an unknown autoreset_mode %r; "
                                  "pass autoreset_mode= explicitly" % (owner, declared))
@@ -102,7 +67,7 @@ def link_envs(env, side):
     if side.run is None or type(env) not in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
         return
     try:
-        env.set_attr(LINK_ATTR, side.links(env.num_envs))
+        env.set_attr(LINK_ATTR, side.links())
     except Exception:
         pass
 
@@ -163,65 +128,78 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         super().__init__(env)
         warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
-        self._side = TrainerSide("LedgerVectorEnv", path, env.num_envs, env.single_observation_space,
-                                 env.single_action_space, reward_dtype, keep_values, self.autoreset_mode, live,
-                                 on_fault, flush_interval)
-        link_envs(env, self._side)
-        self._recording, self._rec, self._live = self._side.recording, self._side.recorder, self._side.live
-        self._keep = keep_values
-        self._kept_actions, self._was_pending = None, None  # with keep_values: the actions under way
-        self._pending_reset_mask = None  # the mask of a reset started by reset_async
-        self._warned_missing = False
+        self.ledger = TrainerLedger(path, env.num_envs, env.single_observation_space, env.single_action_space,
+                                    autoreset_mode=self.autoreset_mode, reward_dtype=reward_dtype,
+                                    keep_values=keep_values, live=live, on_fault=on_fault, keep_tokens=keep_tokens,
+                                    flush_interval=flush_interval, owner="LedgerVectorEnv")
+        self.ledger.final_obs_name = "info['final_obs'][{i}] (same-step autoreset)"
+        link_envs(env, self.ledger)
         self.live = bool(live)
-        self._pop_tokens = not keep_tokens
+        self._same = self.autoreset_mode == SAME_STEP
+        self._info = None  # the latest step's info, while it is recorded (same-step autoreset)
+        self._final_of = self._final_obs_of
+        self._pending_reset_mask = None  # the mask of a reset started by reset_async
 
     @property
     def ledger_path(self):
         """Where the trainer ledger is written (None in live-only mode)."""
-        return self._side.path
+        return self.ledger.path
 
     @property
     def live_faults(self):
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
-        return self._live.faults if self._live is not None else []
+        return self.ledger.live_faults
 
     def reset(self, *, seed=None, options=None):
         mask = self._reset_mask(options)
         try:
             obs, info = self.env.reset(seed=seed, options=options)
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
-            self._side.interrupted()
+            self.ledger.interrupted()
             raise
         return self._record_reset(obs, info, mask)
 
     def step(self, actions):
-        if self._keep:
-            self._take_actions(actions)
-        else:
-            self._rec.actions(actions)  # the hot path: one call fewer than _take_actions
+        self.ledger.actions(actions)
         try:
-            results = self.env.step(actions)
+            obs, rewards, terminated, truncated, info = self.env.step(actions)
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
-            self._side.interrupted()
+            self.ledger.interrupted()
             raise
-        return self._record_step(*results)
+        if self._same:
+            self._info = info
+            self.ledger.step(obs, rewards, terminated, truncated, self._final_of)
+            self._info = None
+        else:
+            self.ledger.step(obs, rewards, terminated, truncated)
+        if self.live:
+            self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
+        return obs, rewards, terminated, truncated, info
 
     # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
     # in step_async, before they are sent; the results are recorded in step_wait.
     def step_async(self, actions):
         """Take the actions, then send them (the inner vector env's ``step_async``)."""
         send = self._inner("step_async")
-        self._take_actions(actions)
+        self.ledger.actions(actions)
         send(actions)
 
     def step_wait(self, **kwargs):
         """The results of the actions sent by ``step_async``, recorded (``timeout=`` is passed on)."""
         try:
-            results = self._inner("step_wait")(**kwargs)
+            obs, rewards, terminated, truncated, info = self._inner("step_wait")(**kwargs)
         except BaseException:
-            self._side.interrupted()
+            self.ledger.interrupted()
             raise
-        return self._record_step(*results)
+        if self._same:
+            self._info = info
+            self.ledger.step(obs, rewards, terminated, truncated, self._final_of)
+            self._info = None
+        else:
+            self.ledger.step(obs, rewards, terminated, truncated)
+        if self.live:
+            self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
+        return obs, rewards, terminated, truncated, info
 
     def reset_async(self, seed=None, options=None):
         """Start a reset (the inner vector env's ``reset_async``); ``reset_wait`` records it."""
@@ -235,7 +213,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         try:
             obs, info = self._inner("reset_wait")(**kwargs)
         except BaseException:
-            self._side.interrupted()
+            self.ledger.interrupted()
             raise
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         return self._record_reset(obs, info, mask)
@@ -277,126 +255,42 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         return mask
 
     def _record_reset(self, obs, info, mask):
-        over = self._rec.reset(obs, mask)
-        if self._keep:
-            over |= self._keep_reset(obs, mask)
-        self._after(over, info, None)
+        self.ledger.reset(obs, mask)
+        if self.live:
+            self._check(info, None)
         return obs, info
 
-    def _take_actions(self, actions):
-        """Digest the actions before they are handed over (and, with keep_values, copy them)."""
-        rec = self._rec
-        rec.actions(actions)
-        if self._keep:
-            self._was_pending = rec.pending.copy()
-            self._kept_actions = [None if leaves is None else [np.array(a, copy=True) for a in leaves]
-                                  for leaves in rec.act_layout.cast_each(actions, self.num_envs)]
-
-    def _record_step(self, obs, rewards, terminated, truncated, info):
-        rec = self._rec
-        if self.autoreset_mode == NEXT_STEP:
-            over = rec.step_next(obs, rewards, terminated, truncated)
-            if self._keep:
-                over |= self._keep_next(obs)
-            self._after(over, info, None)
-        else:
-            ended = rec.ended(terminated, truncated)
-            finals = {}
-            # A loop over the envs whose episode ended at this step only.
-            for i in ended:
-                final = final_obs_at(info, i)
-                if final is _ABSENT:
-                    h = core.MISSING_DIGEST
-                    self._warn_missing(i)
-                else:
-                    h = rec.digest_obs(final)
-                finals[i] = (h, bool(terminated[i]), bool(truncated[i]))
-            over = rec.step_same(obs, rewards, finals)
-            if self._keep:
-                over |= self._keep_same(obs, ended, info)
-            self._after(over, info, info.get("final_info") if ended else None)
-        return obs, rewards, terminated, truncated, info
-
-    def _after(self, over, info, final_info):
-        """Keep memory bounded; run the live check; drop the tokens from the info."""
-        self._side.after_step(over)
-        if self._live is None:
-            return
-        settings = info.get(SETTINGS_KEY)
-        if settings is not None:  # only with an env's first event
-            if self._pop_tokens:
-                info.pop(SETTINGS_KEY, None)
-                info.pop("_" + SETTINGS_KEY, None)
-            self._live.check_settings(settings)
-        top = info.get(TOKEN_KEY)
-        final = final_info.get(TOKEN_KEY) if isinstance(final_info, dict) else None
-        if self._pop_tokens:
-            info.pop(TOKEN_KEY, None)
-            info.pop("_" + TOKEN_KEY, None)
-            if isinstance(final_info, dict):
-                final_info.pop(TOKEN_KEY, None)
-                final_info.pop("_" + TOKEN_KEY, None)
-        self._live(top, final, top)
-
-    def _warn_missing(self, i):
-        if not self._warned_missing:
-            self._warned_missing = True
-            warnings.warn("LedgerVectorEnv: env %d ended an episode under SAME_STEP autoreset without "
-                          "info['final_obs'][%d]; its final observation is recorded as missing and will "
-                          "show as an obs difference" % (i, i), stacklevel=3)
-
-    # Kept values: a Python loop over envs, paid only with keep_values=True.
-    def _rows(self, layout, batch):
-        """Each env's cast leaves (None where they cannot be cast)."""
-        return layout.cast_each(batch, self.num_envs)
-
-    def _cast(self, layout, value):
-        try:
-            return layout.cast(value)
-        except Exception:
+    def _final_obs_of(self, i):
+        """Env i's final observation under same-step autoreset: ``info["final_obs"][i]`` where the mask
+        ``_final_obs`` says so, also when a vector env without Gymnasium's info merging split a Dict
+        observation into a dict of arrays; None where it is absent."""
+        info = self._info
+        final = info.get("final_obs") if isinstance(info, dict) else None
+        if final is None:
             return None
+        mask = info.get("_final_obs")
+        if mask is not None and not mask[i]:
+            return None
+        return _row(final, i)
 
-    def _keep_reset(self, obs, mask):
-        rows = self._rows(self._rec.obs_layout, obs)
-        over = False
-        for i, store in enumerate(self._recording.values):
-            if mask is None or mask[i]:
-                over |= store.append(rows[i], None)
-        return over
-
-    def _keep_next(self, obs):
-        orows = self._rows(self._rec.obs_layout, obs)
-        arows, was_pending = self._kept_actions, self._was_pending
-        over = False
-        for i, store in enumerate(self._recording.values):
-            o = orows[i]
-            a = None if arows is None or was_pending[i] else arows[i]
-            over |= store.append(o, a)
-        return over
-
-    def _keep_same(self, obs, ended, info):
-        orows = self._rows(self._rec.obs_layout, obs)
-        arows = self._kept_actions
-        over = False
-        for i, store in enumerate(self._recording.values):
-            o = orows[i]
-            a = None if arows is None else arows[i]
-            if i in ended:
-                final = final_obs_at(info, i)
-                f = None if final is _ABSENT else self._cast(self._rec.obs_layout, final)
-                over |= store.append(f, a)
-                over |= store.append(o, None)
-            else:
-                over |= store.append(o, a)
-        return over
+    def _check(self, info, final_info):
+        """The live check: an env's token rides in the step's info, and a step that ended an
+        episode under same-step autoreset has its token in ``final_info``."""
+        led = self.ledger
+        settings = led.tokens(info, SETTINGS_KEY)
+        if settings is not None:  # only with an env's first event
+            led.check_settings(settings)
+        top = led.tokens(info)
+        final = led.tokens(final_info) if isinstance(final_info, dict) else None
+        led.check_tokens(top, final, top)
 
     def flush(self):
-        """Write the trainer ledger now; recording goes on."""
-        self._side.flush()
+        """Write what is new in the trainer ledger; recording goes on."""
+        self.ledger.flush()
 
     def close(self, **kwargs):
         """Write the trainer ledger, then close the vector env."""
         try:
-            self._side.close()
+            self.ledger.close()
         finally:
             self.env.close(**kwargs)

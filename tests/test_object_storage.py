@@ -23,7 +23,7 @@ pytest.importorskip("s3fs")
 
 import s3server  # noqa: E402
 
-from stepledger import LedgerEnv, LedgerVectorEnv, compare, core, read, storage, uploader  # noqa: E402
+from stepledger import LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, core, read, storage, uploader  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -365,7 +365,7 @@ def test_server_stopped_before_close(outage_server, s3, monkeypatch, tmp_path):
 
 
 def _recordings(envs):
-    out = [envs._side.recording] if hasattr(envs, "_side") else []
+    out = [envs.ledger.recording] if isinstance(getattr(envs, "ledger", None), TrainerLedger) else []
     for e in envs.unwrapped.envs if hasattr(envs.unwrapped, "envs") else []:
         while e is not None and not isinstance(e, LedgerEnv):
             e = getattr(e, "env", None)

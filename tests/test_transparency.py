@@ -194,7 +194,7 @@ def test_kept_values_of_another_shape_survive_spills(tmp_path):
         envs.reset()
         for _ in range(45):
             envs.step(np.zeros((3, 2), np.float32))
-        assert len(envs._side.recording.segments) >= 2  # it did spill
+        assert len(envs.ledger.recording.segments) >= 2  # it did spill
         envs.close()
     finally:
         core.set_memory_limit(limit)
