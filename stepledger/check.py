@@ -26,7 +26,8 @@ VECTORS = ("sync", "async", "subproc", "dummy")
 
 
 def is_located(difference, injected):
-    """Whether compare's difference for an env names where the fault first changed a value.
+    """Whether compare's difference for an env names where the fault first changed a value, and
+    exactly the fields it changed (``faults.reported_fields``).
 
     A skipped step that is never followed by a real one (``step:fill`` at
     every step) leaves the env stream shorter: compare then reports where it
@@ -36,7 +37,9 @@ def is_located(difference, injected):
     if d is None or inj is None:
         return False
     if d.what in ("fields", "kind"):
-        return (d.episode, d.step) == (inj["episode"], inj["step"]) and bool(set(d.fields) & reported_fields(inj["fault"]))
+        named, expected = set(d.fields), reported_fields(inj["fault"])
+        fits = (bool(named) and named <= expected) if inj["fault"] == "step:fill" else named == expected
+        return (d.episode, d.step) == (inj["episode"], inj["step"]) and fits
     if d.what == "length" and inj["fault"] == "step:fill":
         return (d.episode, d.step + 1) == (inj["episode"], inj["step"])
     return False

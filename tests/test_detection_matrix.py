@@ -9,7 +9,8 @@ import pytest
 
 from fault_harness import HARNESSES, N_ENVS, rollout
 from stepledger.check import is_located
-from stepledger.faults import FAULTS
+from stepledger.compare import EnvDifference
+from stepledger.faults import FAULTS, reported_fields
 
 DOSES = ("one", 0.01, "all")
 
@@ -44,3 +45,27 @@ def test_fault_is_caught_and_located(tmp_path, harness, fault, dose):
     # envs the fault never touched compare clean
     for env in set(range(N_ENVS)) - set(firsts):
         assert env not in by_env, by_env[env].line()
+
+
+def _at(fields, what="fields", episode=2, step=5):
+    return EnvDifference(0, what, 30, episode, step, fields)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_located_means_at_the_event_and_under_exactly_its_fields(fault):
+    injected = {"fault": fault, "episode": 2, "step": 5}
+    expected = tuple(sorted(reported_fields(fault)))
+    if fault == "step:fill":
+        assert is_located(_at(("kind",), "kind"), injected) and is_located(_at(("action", "obs")), injected)
+        assert is_located(_at((), "length", 2, 4), injected)
+        assert not is_located(_at(("terminated",)), injected) and not is_located(_at(("obs", "truncated")), injected)
+        return
+    assert is_located(_at(expected), injected)
+    assert not is_located(_at(expected, episode=3), injected) and not is_located(_at(expected, step=4), injected)
+    others = [f for f in ("kind", "action", "obs", "reward", "terminated", "truncated") if f not in expected]
+    for other in others:
+        assert not is_located(_at(expected + (other,)), injected), other  # one field more
+        assert not is_located(_at((other,)), injected), other  # filed under another field
+    if len(expected) > 1:
+        assert not is_located(_at(expected[:1]), injected)  # one field fewer
+    assert not is_located(_at((), "length", 2, 4), injected)
