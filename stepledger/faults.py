@@ -552,8 +552,7 @@ class FaultyVectorEnv(_Adapter, gym.vector.VectorWrapper):
 def _final_obs(info, i):
     """``info["final_obs"][i]`` as the trainer-side ledger reads it, or None when there is none."""
     from .vector import final_obs_at
-    value = final_obs_at(info, i)
-    return None if value is final_obs_at({}, i) else value  # final_obs_at({}, i) is its "absent"
+    return final_obs_at(info, i)
 
 
 def _set_final(info, i, value, n):

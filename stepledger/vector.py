@@ -7,7 +7,26 @@ from ._schema import LINK_ATTR, SETTINGS_KEY, TOKEN_KEY
 from .stack import warn_inner_wrappers
 from .trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
 
-__all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "link_envs", "resolve_autoreset_mode"]
+__all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "final_obs_at", "link_envs", "resolve_autoreset_mode"]
+
+
+def final_obs_at(info, i):
+    """Env i's final observation under same-step autoreset, or None where it is absent.
+
+    ``info["final_obs"][i]`` where the mask ``_final_obs`` says so; also when a
+    vector env without Gymnasium's info merging split a Dict observation into
+    a dict of arrays (with ``_key`` masks). Never raises.
+    """
+    final = info.get("final_obs") if isinstance(info, dict) else None
+    if final is None:
+        return None
+    try:
+        mask = info.get("_final_obs")
+        if mask is not None and not mask[i]:
+            return None
+        return _row(final, i)
+    except Exception:
+        return None
 
 
 def _row(batch, i):
@@ -261,17 +280,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         return obs, info
 
     def _final_obs_of(self, i):
-        """Env i's final observation under same-step autoreset: ``info["final_obs"][i]`` where the mask
-        ``_final_obs`` says so, also when a vector env without Gymnasium's info merging split a Dict
-        observation into a dict of arrays; None where it is absent."""
-        info = self._info
-        final = info.get("final_obs") if isinstance(info, dict) else None
-        if final is None:
-            return None
-        mask = info.get("_final_obs")
-        if mask is not None and not mask[i]:
-            return None
-        return _row(final, i)
+        return final_obs_at(self._info, i)
 
     def _check(self, info, final_info):
         """The live check: an env's token rides in the step's info, and a step that ended an
