@@ -44,6 +44,7 @@ class EnvDifference:
         self.side, self.counts, self.detail = side, counts, detail or {}
         self.raw = {}  # field -> (env leaves, trainer leaves, leaf names), where values were kept
         self.patterns = []  # with count_all: where each field's differences fall (stepledger.wording.pattern)
+        self.trainer_file = None  # the trainer file that holds this env's stream, if any
 
     def line(self):
         if self.what == "one_side":
@@ -90,6 +91,8 @@ class EnvDifference:
             d["counts"] = self.counts
         if self.patterns:
             d["patterns"] = list(self.patterns)
+        if self.trainer_file is not None:
+            d["trainer_file"] = self.trainer_file
         d["line"] = self.line()
         return d
 
@@ -112,6 +115,7 @@ class Report:
         # Lines that are not differences: streams that end at different points in a run that
         # did not end cleanly, ledgers of other runs left out, ledgers still being written.
         self.notes = list(notes)
+        self.trainer_files = []  # the names of the trainer files compared
 
     @property
     def ok(self):
@@ -146,7 +150,8 @@ class Report:
     def to_dict(self):
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
                 "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
-                "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes)}
+                "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes),
+                "trainer_files": list(self.trainer_files)}
 
     def to_json(self):
         return _jsonout.dumps(self.to_dict())
@@ -164,8 +169,7 @@ def _json_size(leaves):
 def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
     """Refuse (LedgerError) when the two ledgers cannot be compared."""
     if env_meta.get("side") == "trainer" and trainer_meta.get("side") == "env":
-        raise LedgerError("%s and %s are given in the wrong order: the env directory comes first, then the "
-                          "trainer file" % (env_path, trainer_path))
+        raise LedgerError(wording.wrong_order(env_path, trainer_path))
     if env_meta.get("side") != "env":
         raise LedgerError("%s: not an env-side ledger (side %r)" % (env_path, env_meta.get("side")))
     if trainer_meta.get("side") != "trainer":
@@ -547,6 +551,14 @@ def _spec_text(spec):
     return ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
 
 
+def _names_a_directory(spec):
+    for p in (spec if isinstance(spec, (list, tuple)) else [spec]):
+        p = storage.local_path(os.fspath(p))
+        if storage.isdir(p) if storage.is_remote(p) else os.path.isdir(p):
+            return True
+    return False
+
+
 def _span(meta):
     """(began, last written) of a ledger's recording; still being written: until now. None without times."""
     began, written = meta.get(S.META_STARTED), meta.get(S.META_UPDATED)
@@ -651,8 +663,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
     except LedgerError:
         with read(env_dir) as env_first:  # the env side's error, if it has one, comes first, as the arguments do
             if env_first.side == "trainer":
-                raise LedgerError("%s and %s are given in the wrong order: the env directory comes first, then "
-                                  "the trainer file" % (env_dir, _spec_text(trainer_file))) from None
+                raise LedgerError(wording.wrong_order(env_dir, _spec_text(trainer_file))) from None
         raise
     try:
         def accept(meta, name):
@@ -671,11 +682,9 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             name, reason = env_ledger.skipped[0]
             raise LedgerError("%s and the env ledgers in %s are from different runs (%s %s): nothing to compare"
                               % (trainer_file, env_dir, name, reason))
-        if env_ledger.side == "trainer" and any(storage.isdir(str(p)) if storage.is_remote(str(p)) else os.path.isdir(str(p)) for p in
-                                                (trainer_file_given if isinstance(trainer_file_given, (list, tuple))
-                                                 else [trainer_file_given])):
-            raise LedgerError("%s and %s are given in the wrong order: the env directory comes first, then the "
-                              "trainer file" % (env_dir, trainer_file))
+        if env_ledger.side == "trainer" and _names_a_directory(trainer_file_given):
+            # a trainer file, then a directory that holds trainer files too: the env directory comes first
+            raise LedgerError(wording.wrong_order(env_dir, trainer_file))
         check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
         meta = env_ledger.meta
         notes = ["%s %s: not compared" % (name, reason) for name, reason in env_ledger.skipped]
@@ -726,7 +735,10 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(env_ledger, env_dir)
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
+        for d in differences:
+            d.trainer_file = tr_ledger.source.get(d.env)
         report = Report(envs, differences, partial, hint, count_all, notes)
+        report.trainer_files = [name for name, _ in tr_ledger.named]
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

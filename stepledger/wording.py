@@ -600,6 +600,11 @@ def unindexed_note(name, events, position=None, matches=None):
 
 # ---------------------------------------------------------------- several trainer files (compare)
 
+def wrong_order(env_path, trainer_path):
+    return ("%s and %s are given in the wrong order: the env directory comes first, then the trainer file"
+            % (env_path, trainer_path))
+
+
 def env_in_several_trainer_files(env, names, more=0):
     """An env's stream with events in more than one trainer file of one run: compare refuses."""
     return ("env %d appears in more than one trainer file (%s)%s: each env must be in exactly one trainer "

@@ -118,6 +118,8 @@ def test_a_difference_in_the_second_file_json_and_junit(tmp_path):
     assert report["n_differ"] == 1 and report["differences"][0]["env"] == 3
     assert report["differences"][0]["episode"] == 0 and report["differences"][0]["step"] == 4
     assert report["differences"][0]["fields"] == ["obs"]
+    assert report["differences"][0]["trainer_file"] == "trainer-1.npz"
+    assert report["trainer_files"] == ["trainer-0.npz", "trainer-1.npz"]
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert sorted(cases) == ["env 0", "env 1", "env 2", "env 3"]
     assert [n for n, c in cases.items() if c.find("failure") is not None] == ["env 3"]
@@ -206,13 +208,19 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_a_learner_killed_before_its_final_file_is_read_from_its_segments(tmp_path):
-    d = run(str(tmp_path / "ledger"), {"trainer-0.npz": [0, 1]})
-    for e in (2, 3):
+    d = str(tmp_path / "ledger")
+    os.makedirs(d)
+    # learner 0 records while learner 1 runs (the files of one run are told by their overlapping times)
+    learner0 = ledger(os.path.join(d, "trainer-0.npz"), "trainer", {0: events(0), 1: events(1)}, close=False)
+    for e in (0, 1):
         ledger(os.path.join(d, "env-%d.npz" % e), "env", {e: events(e)})
     proc = subprocess.run([sys.executable, "-c", _KILLED_LEARNER % {"tests": TESTS_DIR,
                                                                     "path": os.path.join(d, "trainer-1.npz")}],
                           env=_environ(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
+    for e in (2, 3):  # learner 1's envs, written as their run ends
+        ledger(os.path.join(d, "env-%d.npz" % e), "env", {e: events(e)})
+    learner0.close()
     assert not os.path.exists(os.path.join(d, "trainer-1.npz")) and os.path.isdir(os.path.join(d, "trainer-1.npz.spill"))
     for spec in (os.path.join(d, "trainer-*.npz"), d):
         report = compare(d, spec)
@@ -235,6 +243,7 @@ def test_a_trainer_file_of_an_earlier_run_left_in_the_directory(tmp_path):
         assert any(n.startswith("trainer-1.npz is from an earlier run (written ") and n.endswith(": not compared")
                    for n in report.notes), report.notes
         assert any(n.startswith("env-2.npz is from another run") for n in report.notes), report.notes
+        assert report.to_dict()["trainer_files"] == ["trainer-0.npz"]
     # run 3 with two learners again, and an env of learner 1 that differs: reported, not passed over
     time.sleep(CLOCK_SLACK + 0.3)
     run(d, TWO_LEARNERS, trainer_events={2: events(2, start=5)})
@@ -285,10 +294,13 @@ def bucket(monkeypatch, tmp_path):
 def test_globs_and_directories_at_a_url(bucket, tmp_path):
     server, name = bucket
     url = "s3://%s/run-1" % name
+    # the learners record while their envs do (uploads take their time: ledgers of one run overlap)
+    learners = [ledger(url + "/trainer-0.npz", "trainer", {0: events(0), 1: events(1)}, close=False),
+                ledger(url + "/trainer-1.npz", "trainer", {2: events(2), 3: [events(3)[0]]}, close=False)]
     for e in range(4):
         ledger("%s/env-%d.npz" % (url, e), "env", {e: events(e)})
-    ledger(url + "/trainer-0.npz", "trainer", {0: events(0), 1: events(1)})
-    ledger(url + "/trainer-1.npz", "trainer", {2: events(2), 3: [events(3)[0]]})  # env 3 stops early
+    for rec in learners:
+        rec.close()  # env 3's trainer stream stops early
     for spec in (url + "/trainer-*.npz", url, url + "/", [url + "/trainer-0.npz", url + "/trainer-1.npz"]):
         report = compare(url, spec)
         assert [(x.env, x.what) for x in report.differences] == [(3, "length")], (spec, str(report))
