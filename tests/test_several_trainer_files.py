@@ -326,3 +326,107 @@ def test_globs_and_directories_at_a_url(bucket, tmp_path):
     from stepledger import storage
     names = storage.listdir(url + "/lazy")
     assert "env-6.npz" in names and any(n.startswith(S.UNINDEXED_PREFIX) for n in names), names
+
+
+# ---------------------------------------------------------------- real learners: processes, vector envs, TrainerLedger
+
+_LEARNER = """
+import functools, sys, time
+import gymnasium as gym, numpy as np
+import envs_for_tests as E
+from stepledger import LedgerEnv, TrainerLedger
+d, learner, n_total, ending = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+mine = [2 * learner, 2 * learner + 1]  # the global indices of this learner's envs
+venv = gym.vector.AsyncVectorEnv([functools.partial(LedgerEnv, E.CountEnv(length=3 + g), d, flush_interval=0.3)
+                                  for g in mine], context="fork")
+venv.set_attr("stepledger_index", mine)  # the env side: global indices, given after construction
+led = TrainerLedger("%s/trainer-%d.npz" % (d, learner), n_total, venv.single_observation_space,
+                    venv.single_action_space, flush_interval=0.3)
+obs, _ = venv.reset(seed=learner)
+for k, g in enumerate(mine):
+    led.env_reset(g, obs[k])
+ended = np.zeros(2, bool)
+t0, t = time.monotonic(), 0
+while True:
+    actions = np.array([t % 3, (t + 1) % 3])
+    obs, rewards, terminated, truncated, _ = venv.step(actions)
+    for k, g in enumerate(mine):  # per-env events, as a learner sees episodes (NEXT_STEP: a reset after an end)
+        if ended[k]:
+            led.env_reset(g, obs[k])
+        else:
+            led.env_steps(g, actions[k:k + 1], obs[k:k + 1], rewards[k:k + 1], terminated[k:k + 1],
+                          truncated[k:k + 1])
+    ended = terminated | truncated
+    t += 1
+    if ending == "close" and t == 40:
+        break
+    if ending == "wait" and t == 40:
+        print("ready", flush=True)
+    if ending == "wait" and t > 40:
+        time.sleep(0.002)
+led.close()
+venv.close()
+print("done", flush=True)
+"""
+
+
+def _learner(d, learner, n_total, ending):
+    return subprocess.Popen([sys.executable, "-W", "ignore", "-c", _LEARNER, d, str(learner), str(n_total), ending],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environ(),
+                            start_new_session=True)
+
+
+def _finish(proc, kill=False):
+    try:
+        if kill:
+            assert proc.stdout.readline().startswith("ready"), proc.stderr.read()[-3000:]
+            time.sleep(0.8)  # past two spill intervals of stepping
+            os.killpg(proc.pid, signal.SIGKILL)  # the learner and its env workers, without a word
+        proc.wait(TIMEOUT)
+        if not kill:
+            assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_two_learner_processes_with_async_vector_envs(tmp_path):
+    d = str(tmp_path / "ledger")
+    os.makedirs(d)
+    procs = [_learner(d, k, 4, "close") for k in (0, 1)]
+    for p in procs:
+        _finish(p)
+    report = compare(d, os.path.join(d, "trainer-*.npz"))
+    assert report.ok and report.envs == [0, 1, 2, 3] and report.notes == [], str(report)
+    out = cli("compare", d, d, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["trainer_files"] == ["trainer-0.npz", "trainer-1.npz"]
+    # the same envs recorded by one learner file twice over is refused, naming the env and both files
+    os.link(os.path.join(d, "trainer-1.npz"), os.path.join(d, "trainer-1-copy.npz"))
+    out = cli("compare", d, d)
+    assert out.returncode == 2
+    assert "env 2 appears in more than one trainer file (trainer-1-copy.npz and trainer-1.npz)" in out.stderr
+
+
+def test_a_learner_killed_mid_run_then_a_rerun_with_one_learner(tmp_path):
+    d = str(tmp_path / "ledger")
+    os.makedirs(d)
+    survivor, victim = _learner(d, 0, 4, "close"), _learner(d, 1, 4, "wait")
+    _finish(victim, kill=True)
+    _finish(survivor)
+    assert not os.path.exists(os.path.join(d, "trainer-1.npz"))  # only its spill segments
+    for spec in (os.path.join(d, "trainer-*.npz"), d):
+        report = compare(d, spec)
+        assert report.ok and report.envs == [0, 1, 2, 3], str(report)  # a killed learner is no boundary fault
+        assert report.partial == {"env": True, "trainer": True}
+        assert any(n.startswith("trainer-1.npz: not closed (its process is gone)") for n in report.notes)
+    time.sleep(CLOCK_SLACK + 0.3)
+    # the same directory again, one learner of two envs: run 1's learner 1 and its envs are left behind
+    _finish(_learner(d, 0, 2, "close"))
+    report = compare(d, d)
+    assert report.ok and report.envs == [0, 1], str(report)
+    assert any(n.startswith("trainer-1.npz is from an earlier run") for n in report.notes), report.notes
+    assert sum(1 for n in report.notes if n.startswith(("env-2.npz is from another run",
+                                                         "env-3.npz is from another run"))) == 2, report.notes
