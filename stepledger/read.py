@@ -575,8 +575,11 @@ def env_index_of(name):
     return int(m.group(1)) if m else None
 
 
-def _is_env_name(name):
-    return bool(_ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name))
+def _trainer_name(name):
+    """A file name a trainer ledger may have, from a glob or a directory: ``*.npz``, not an env ledger's
+    name, not a temporary file."""
+    return name.endswith(".npz") and S.TMP_INFIX not in name and not (
+        _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name))
 
 
 def _ledgers_in(directory, names, match):
@@ -586,7 +589,7 @@ def _ledgers_in(directory, names, match):
     remote = storage.is_remote(directory)
     for name in names:
         base = name[: -len(".spill")] if name.endswith(".npz.spill") else name
-        if not base.endswith(".npz") or S.TMP_INFIX in base or not match(base):
+        if not _trainer_name(base) or not match(base):
             continue
         if base != name:
             spill = storage.join(directory, name)
@@ -622,10 +625,10 @@ def trainer_paths(spec):
             if remote:
                 parent, pattern = text.rsplit("/", 1)
                 paths = _ledgers_in(parent, storage.listdir(parent),
-                                    lambda n: fnmatch.fnmatchcase(n, pattern) and not _is_env_name(n))
+                                    lambda n: fnmatch.fnmatchcase(n, pattern))
             else:
                 names = glob.glob(text) + [p[: -len(".spill")] for p in glob.glob(text + ".spill")]
-                paths = [p for p in sorted(set(names)) if not _is_env_name(os.path.basename(p))
+                paths = [p for p in sorted(set(names)) if _trainer_name(os.path.basename(p))
                          and (os.path.isfile(p) or _segments(p))]
             if not paths:
                 raise LedgerError("%s: no trainer ledgers match this pattern" % text)
@@ -633,7 +636,7 @@ def trainer_paths(spec):
         elif (storage.isdir(text) if remote else os.path.isdir(text)) and not text.rstrip("/").endswith(".spill"):
             directory = text.rstrip("/") if remote else text
             names = storage.listdir(directory) if remote else os.listdir(directory)
-            paths = _ledgers_in(directory, names, lambda n: not _is_env_name(n))
+            paths = _ledgers_in(directory, names, lambda n: True)
             if not paths:
                 raise LedgerError("%s: no trainer ledgers (*.npz other than env-N.npz) in this directory" % text)
             found = [(p, False) for p in paths]

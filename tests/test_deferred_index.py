@@ -401,3 +401,23 @@ def test_reruns_into_the_same_directory(tmp_path):
     envs.close()
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok and report.envs == [0, 1], str(report)
+
+
+@pytest.mark.parametrize("kind", ["dummy", "subproc"])
+def test_sb3_env_method_gives_each_env_its_own_index(tmp_path, kind):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    d = str(tmp_path)
+    fns = [functools.partial(deferred, d, 2 + i) for i in range(2)]
+    venv = DummyVecEnv(fns) if kind == "dummy" else SubprocVecEnv(fns, start_method="fork")
+    for i in range(2):
+        venv.env_method("set_wrapper_attr", "stepledger_index", 5 + i, indices=[i])
+    assert venv.get_attr("stepledger_index") == [5, 6]
+    if kind == "dummy":  # (SubprocVecEnv's worker dies of an exception in env_method: SB3 forwards none)
+        with pytest.raises(LedgerError, match="already has index 5"):
+            venv.env_method("set_index", 9, indices=[0])
+    venv.reset()
+    for _ in range(4):
+        venv.step(np.zeros(2, np.int64))
+    venv.close()
+    assert env_files(d) == ["env-5.npz", "env-6.npz"]

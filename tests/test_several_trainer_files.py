@@ -430,3 +430,12 @@ def test_a_learner_killed_mid_run_then_a_rerun_with_one_learner(tmp_path):
     assert any(n.startswith("trainer-1.npz is from an earlier run") for n in report.notes), report.notes
     assert sum(1 for n in report.notes if n.startswith(("env-2.npz is from another run",
                                                          "env-3.npz is from another run"))) == 2, report.notes
+
+
+def test_a_glob_takes_no_lock_temporary_or_env_file(tmp_path):
+    d = run(str(tmp_path / "ledger"), TWO_LEARNERS)
+    for name in ("trainer-0.npz.lock", "trainer-1.npz.tmp-99999-abcd", "notes.txt"):
+        with open(os.path.join(d, name), "w") as f:
+            f.write("{}")
+    report = compare(d, os.path.join(d, "*"))
+    assert report.ok and report.envs == [0, 1, 2, 3] and report.notes == [], str(report)
