@@ -342,5 +342,30 @@ def test_stop_on_boundary_fault_finds_a_live_ledger_behind_wrappers():
     stop = StopOnBoundaryFault()
     model.learn(32, callback=stop)
     assert stop.ledger is ledger and stop.fault is None and model.num_timesteps == 32
-    assert ledger._live.on_fault == "record"  # it keeps faults for the callback instead of raising them
     ledger.close()
+
+
+class ShortFinalObs(gym.vector.VectorWrapper):
+    """A SAME_STEP bridge whose final_obs holds only env 0's entry (a batch shorter than num_envs)."""
+
+    def step(self, actions):
+        obs, rew, term, trunc, info = self.env.step(actions)
+        if "final_obs" in info:
+            info = dict(info, final_obs=info["final_obs"][:1])
+        return obs, rew, term, trunc, info
+
+
+def test_a_final_obs_shorter_than_the_batch_is_recorded_as_missing(tmp_path, core_impl):
+    """Not a crash in the trainer's step: the envs without an entry have their final obs recorded as
+    missing (an obs difference at the last step of the episode), with a warning."""
+    from trainer_envs import assert_differs
+    d = str(tmp_path)
+    venv = ShortFinalObs(SyncVectorEnv(factories(d, 3, lengths=(3,)), autoreset_mode=AutoresetMode.SAME_STEP))
+    trainer = os.path.join(d, "trainer.npz")
+    envs = LedgerVectorEnv(venv, trainer, autoreset_mode="same_step")
+    envs.reset(seed=0)
+    with pytest.warns(UserWarning, match="final"):
+        for _ in range(5):
+            envs.step(envs.action_space.sample())
+    envs.close()
+    assert_differs(d, trainer, {1: (3, ["h_obs"]), 2: (3, ["h_obs"])})
