@@ -31,11 +31,14 @@ cdef extern from "_blake2b.h":
     void sl_blake2b_update(sl_blake2b_state *S, const void *data, size_t length) nogil
     uint64_t sl_blake2b_final64(sl_blake2b_state *S) nogil
     int sl_have_avx2() nogil
+    int sl_have_avx512() nogil
     void sl_blake2b64_x4(const uint8_t **msg, size_t length, uint64_t *out) nogil
+    void sl_blake2b64_x8(const uint8_t *base, size_t stride, size_t length, uint64_t *out) nogil
     void sl_blake2b64_x4_small(const uint8_t **msg, const size_t *length, uint64_t *out) nogil
 
 IMPLEMENTATION = "cython"
 cdef bint _HAVE_AVX2 = sl_have_avx2()
+cdef bint _HAVE_AVX512 = sl_have_avx512()
 
 cdef Py_ssize_t _used = 0
 cdef Py_ssize_t _limit = S.DEFAULT_MEMORY_LIMIT
@@ -196,64 +199,117 @@ cdef Py_ssize_t _header_bytes(cnp.ndarray arr, int skip, uint8_t *buf) noexcept:
     return pos
 
 
+cdef enum:
+    _STACK_SCRATCH = 8192  # bytes of rows laid out on the stack; more are allocated
+    _NOGIL_BYTES = 65536   # below this the GIL is kept: releasing it costs more than the digests
+
+
+cdef struct _Rows:
+    # the rows of a batch to digest: leaf j's row k is rowbytes[j] bytes at data[j] + k * rowbytes[j]
+    Py_ssize_t n
+    Py_ssize_t nleaves
+    const uint8_t *data[64]
+    size_t rowbytes[64]
+    uint8_t headers[64][4 + 1 + 8 * 32]
+    Py_ssize_t hlen[64]
+    size_t msg_len
+
+
+cdef Py_ssize_t _digest_laid(_Rows *r, uint8_t *scratch, size_t stride, uint64_t *out, bint wide,
+                             bint lanes4) noexcept nogil:
+    """Lay the rows' messages out side by side, each padded with zeros to ``stride``, and digest
+    them eight (AVX-512) or four (AVX2) at a time. Returns how many rows were digested."""
+    cdef Py_ssize_t i = 0, j, k, pos
+    cdef const uint8_t *lanes[4]
+    for k in range(r.n):
+        pos = k * stride
+        for j in range(r.nleaves):
+            memcpy(scratch + pos, r.headers[j], r.hlen[j])
+            pos += r.hlen[j]
+            memcpy(scratch + pos, r.data[j] + k * r.rowbytes[j], r.rowbytes[j])
+            pos += r.rowbytes[j]
+        memset(scratch + pos, 0, stride - (pos - k * stride))
+    if wide:
+        while i + 8 <= r.n:
+            sl_blake2b64_x8(scratch + i * stride, stride, r.msg_len, out + i)
+            i += 8
+    if lanes4:
+        while i + 4 <= r.n:
+            for k in range(4):
+                lanes[k] = scratch + (i + k) * stride
+            sl_blake2b64_x4(lanes, r.msg_len, out + i)
+            i += 4
+    return i
+
+
+cdef void _digest_each(_Rows *r, Py_ssize_t i, uint64_t *out) noexcept nogil:
+    """Digest rows i .. n-1 one at a time."""
+    cdef sl_blake2b_state st
+    cdef Py_ssize_t j
+    while i < r.n:
+        sl_blake2b_init(&st, 8)
+        for j in range(r.nleaves):
+            sl_blake2b_update(&st, r.headers[j], r.hlen[j])
+            sl_blake2b_update(&st, r.data[j] + i * r.rowbytes[j], r.rowbytes[j])
+        out[i] = sl_blake2b_final64(&st)
+        i += 1
+
+
 cdef int _digest_rows(list leaves, uint64_t *out, Py_ssize_t n) except -1:
     """Digest row i of every leaf as one message, for each of the n rows.
 
-    With AVX2, the rows' messages (all of one length) are laid out side by
-    side and digested four at a time; the rest, one at a time.
+    The rows' messages (all of one length) are laid out side by side, each
+    padded with zeros to whole 128-byte blocks, and digested eight at a time
+    with AVX-512, four at a time with AVX2; the rest one at a time. The GIL
+    is released only for large batches.
     """
-    cdef Py_ssize_t nleaves = len(leaves)
-    cdef Py_ssize_t i, j, k, pos
-    cdef sl_blake2b_state st
+    cdef _Rows r
+    cdef Py_ssize_t i = 0, j
     cdef cnp.ndarray a
     cdef list arrays = []
-    cdef const uint8_t *data[64]
-    cdef size_t rowbytes[64]
-    cdef uint8_t headers[64][4 + 1 + 8 * 32]
-    cdef Py_ssize_t hlen[64]
-    cdef size_t msg_len = 0
-    cdef uint8_t *scratch
-    cdef const uint8_t *lanes[4]
-    if nleaves > 64:
+    cdef size_t stride
+    cdef uint8_t stack_scratch[_STACK_SCRATCH]
+    cdef uint8_t *scratch = NULL
+    cdef bint wide = n >= 8 and _HAVE_AVX512
+    cdef bint lanes4 = n >= 4 and _HAVE_AVX2
+    cdef bint release
+    r.n = n
+    r.nleaves = len(leaves)
+    r.msg_len = 0
+    if r.nleaves > 64:
         # Rare: many leaves. Digest row by row through the generic path.
         for i in range(n):
             out[i] = _digest_leaves([arr[i] for arr in leaves])
         return 0
-    for j in range(nleaves):
+    for j in range(r.nleaves):
         a = _contiguous(leaves[j])
         if cnp.PyArray_NDIM(a) == 0 or cnp.PyArray_DIMS(a)[0] != n or cnp.PyArray_NDIM(a) > 33:
             raise ValueError("batch leaf has the wrong number of rows")
-        arrays.append(a)
-        data[j] = <const uint8_t *>cnp.PyArray_DATA(a)
-        rowbytes[j] = <size_t>(cnp.PyArray_NBYTES(a) // n) if n else 0
-        hlen[j] = _header_bytes(a, 1, headers[j])
-        msg_len += hlen[j] + rowbytes[j]
-    i = 0
-    if n >= 4 and sl_have_avx2():
-        scratch = <uint8_t *>malloc(msg_len * n)
+        arrays.append(a)  # keeps each contiguous copy alive while its data is read
+        r.data[j] = <const uint8_t *>cnp.PyArray_DATA(a)
+        r.rowbytes[j] = <size_t>(cnp.PyArray_NBYTES(a) // n) if n else 0
+        r.hlen[j] = _header_bytes(a, 1, r.headers[j])
+        r.msg_len += r.hlen[j] + r.rowbytes[j]
+    release = <size_t>n * r.msg_len >= _NOGIL_BYTES
+    if wide or lanes4:
+        stride = ((r.msg_len + 127) // 128) * 128 if r.msg_len else 128
+        if <size_t>n * stride <= _STACK_SCRATCH:
+            scratch = &stack_scratch[0]
+        else:
+            scratch = <uint8_t *>malloc(<size_t>n * stride)
         if scratch != NULL:
-            with nogil:
-                for k in range(n):
-                    pos = k * msg_len
-                    for j in range(nleaves):
-                        memcpy(scratch + pos, headers[j], hlen[j])
-                        pos += hlen[j]
-                        memcpy(scratch + pos, data[j] + k * rowbytes[j], rowbytes[j])
-                        pos += rowbytes[j]
-                while i + 4 <= n:
-                    for k in range(4):
-                        lanes[k] = scratch + (i + k) * msg_len
-                    sl_blake2b64_x4(lanes, msg_len, out + i)
-                    i += 4
-            free(scratch)
-    with nogil:
-        while i < n:
-            sl_blake2b_init(&st, 8)
-            for j in range(nleaves):
-                sl_blake2b_update(&st, headers[j], hlen[j])
-                sl_blake2b_update(&st, data[j] + i * rowbytes[j], rowbytes[j])
-            out[i] = sl_blake2b_final64(&st)
-            i += 1
+            if release:
+                with nogil:
+                    i = _digest_laid(&r, scratch, stride, out, wide, lanes4)
+            else:
+                i = _digest_laid(&r, scratch, stride, out, wide, lanes4)
+            if scratch != &stack_scratch[0]:
+                free(scratch)
+    if release:
+        with nogil:
+            _digest_each(&r, i, out)
+    else:
+        _digest_each(&r, i, out)
     return 0
 
 

@@ -289,12 +289,11 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         attend()  # spills what is due; a failed write warns once and backs off, never raises
 
     def flush(self):
-        """Write the ledger file now; recording goes on."""
+        """Write what is new in the ledger now (a spill segment, at a cost proportional to what is new);
+        recording goes on. ``read()`` and ``compare`` find it; ``close()`` writes the final file."""
         if self._recording is not None:
             self._recording.claim()  # first: a second live writer of this index records beside it
-            self._warn_if_overwriting()
-            self._recording.write()
-            self._note_written()
+            self._recording.flush()
 
     def close(self):
         """Write the ledger file, then close the inner env."""

@@ -266,7 +266,7 @@ def test_uncastable_value_is_invalid(core):
 # ---------------------------------------------------------------- batches
 
 @pytest.mark.parametrize("core", CORES)
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 9, 12, 13, 16, 23])  # eight at a time, four, one: each path
 @pytest.mark.parametrize("row_bytes", [0, 1, 7, 100, 115, 116, 117, 128, 243, 244, 245, 500])
 def test_digest_rows_equals_each_row(core, n, row_bytes):
     rng = np.random.default_rng(n * 1000 + row_bytes)
@@ -275,6 +275,40 @@ def test_digest_rows_equals_each_row(core, n, row_bytes):
     core.digest_rows([batch], out)
     for i in range(n):
         assert int(out[i]) == ref_digest(enc_leaf(b"u1", [row_bytes], batch[i].tobytes()))
+
+
+@pytest.mark.skipif(_core is None, reason="core not built")
+def test_digest_rows_without_avx512_are_the_same(tmp_path):
+    """With the eight-lane path turned off ($STEPLEDGER_NO_AVX512) the four-lane one gives the same digests."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, sys\n"
+            "from stepledger import _core\n"
+            "rng = np.random.default_rng(5)\n"
+            "for n in (8, 16, 21):\n"
+            "    for width in (3, 40, 300):\n"
+            "        batch = rng.integers(0, 256, (n, width), dtype=np.uint8)\n"
+            "        out = np.zeros(n, dtype=np.uint64)\n"
+            "        _core.digest_rows([batch], out)\n"
+            "        print(','.join(str(int(x)) for x in out))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = []
+    for flag in (None, "1"):
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.pop("STEPLEDGER_NO_AVX512", None)
+        if flag:
+            env["STEPLEDGER_NO_AVX512"] = flag
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(proc.stdout)
+    assert runs[0] == runs[1]
+    rng = np.random.default_rng(5)
+    expected = []
+    for n in (8, 16, 21):
+        for width in (3, 40, 300):
+            batch = rng.integers(0, 256, (n, width), dtype=np.uint8)
+            expected.append(",".join(str(ref_digest(enc_leaf(b"u1", [width], row.tobytes()))) for row in batch))
+    assert runs[0].split() == expected
 
 
 @pytest.mark.parametrize("core", CORES)
