@@ -59,32 +59,38 @@ static inline uint64_t sl_rotr64(uint64_t x, unsigned n) {
     return (x >> n) | (x << (64 - n));
 }
 
-#define SL_G(a, b, c, d, x, y)                 \
-    do {                                       \
-        v[a] = v[a] + v[b] + (x);              \
-        v[d] = sl_rotr64(v[d] ^ v[a], 32);     \
-        v[c] = v[c] + v[d];                    \
-        v[b] = sl_rotr64(v[b] ^ v[c], 24);     \
-        v[a] = v[a] + v[b] + (y);              \
-        v[d] = sl_rotr64(v[d] ^ v[a], 16);     \
-        v[c] = v[c] + v[d];                    \
-        v[b] = sl_rotr64(v[b] ^ v[c], 63);     \
+/* G and one round, for any kind of word: ADD, XOR and ROTR(x, n) say how words are added, xored
+ * and rotated right (plain 64-bit words here; four or eight lanes of them below). The rounds are
+ * written out so that every sigma index is a compile-time constant and the message words stay in
+ * registers. */
+#define SL_G_WITH(ADD, XOR, ROTR, a, b, c, d, x, y)                            \
+    do {                                                                       \
+        v[a] = ADD(ADD(v[a], v[b]), (x));                                      \
+        v[d] = ROTR(XOR(v[d], v[a]), 32);                                      \
+        v[c] = ADD(v[c], v[d]);                                                \
+        v[b] = ROTR(XOR(v[b], v[c]), 24);                                      \
+        v[a] = ADD(ADD(v[a], v[b]), (y));                                      \
+        v[d] = ROTR(XOR(v[d], v[a]), 16);                                      \
+        v[c] = ADD(v[c], v[d]);                                                \
+        v[b] = ROTR(XOR(v[b], v[c]), 63);                                      \
     } while (0)
 
-/* One round, with the message schedule of round r. The rounds are written
- * out so that every sigma index is a compile-time constant and the message
- * words stay in registers. */
-#define SL_ROUND(r)                                                          \
-    do {                                                                     \
-        SL_G(0, 4,  8, 12, m[sl_blake2b_sigma[r][ 0]], m[sl_blake2b_sigma[r][ 1]]); \
-        SL_G(1, 5,  9, 13, m[sl_blake2b_sigma[r][ 2]], m[sl_blake2b_sigma[r][ 3]]); \
-        SL_G(2, 6, 10, 14, m[sl_blake2b_sigma[r][ 4]], m[sl_blake2b_sigma[r][ 5]]); \
-        SL_G(3, 7, 11, 15, m[sl_blake2b_sigma[r][ 6]], m[sl_blake2b_sigma[r][ 7]]); \
-        SL_G(0, 5, 10, 15, m[sl_blake2b_sigma[r][ 8]], m[sl_blake2b_sigma[r][ 9]]); \
-        SL_G(1, 6, 11, 12, m[sl_blake2b_sigma[r][10]], m[sl_blake2b_sigma[r][11]]); \
-        SL_G(2, 7,  8, 13, m[sl_blake2b_sigma[r][12]], m[sl_blake2b_sigma[r][13]]); \
-        SL_G(3, 4,  9, 14, m[sl_blake2b_sigma[r][14]], m[sl_blake2b_sigma[r][15]]); \
+#define SL_ROUND_WITH(G, r)                                                    \
+    do {                                                                       \
+        G(0, 4,  8, 12, m[sl_blake2b_sigma[r][ 0]], m[sl_blake2b_sigma[r][ 1]]); \
+        G(1, 5,  9, 13, m[sl_blake2b_sigma[r][ 2]], m[sl_blake2b_sigma[r][ 3]]); \
+        G(2, 6, 10, 14, m[sl_blake2b_sigma[r][ 4]], m[sl_blake2b_sigma[r][ 5]]); \
+        G(3, 7, 11, 15, m[sl_blake2b_sigma[r][ 6]], m[sl_blake2b_sigma[r][ 7]]); \
+        G(0, 5, 10, 15, m[sl_blake2b_sigma[r][ 8]], m[sl_blake2b_sigma[r][ 9]]); \
+        G(1, 6, 11, 12, m[sl_blake2b_sigma[r][10]], m[sl_blake2b_sigma[r][11]]); \
+        G(2, 7,  8, 13, m[sl_blake2b_sigma[r][12]], m[sl_blake2b_sigma[r][13]]); \
+        G(3, 4,  9, 14, m[sl_blake2b_sigma[r][14]], m[sl_blake2b_sigma[r][15]]); \
     } while (0)
+
+#define SL_ADD(a, b) ((a) + (b))
+#define SL_XOR(a, b) ((a) ^ (b))
+#define SL_G(a, b, c, d, x, y) SL_G_WITH(SL_ADD, SL_XOR, sl_rotr64, a, b, c, d, x, y)
+#define SL_ROUND(r) SL_ROUND_WITH(SL_G, r)
 
 static void sl_blake2b_compress(sl_blake2b_state *S, const uint8_t *block, int last) {
     uint64_t v[16], m[16];
@@ -183,29 +189,9 @@ SL_X4_ATTR static inline __m256i sl_x4_rotr63(__m256i x) {
     return _mm256_or_si256(_mm256_srli_epi64(x, 63), _mm256_add_epi64(x, x));
 }
 
-#define SL_X4_G(a, b, c, d, x, y)                                              \
-    do {                                                                       \
-        v[a] = _mm256_add_epi64(_mm256_add_epi64(v[a], v[b]), (x));            \
-        v[d] = sl_x4_rotr32(_mm256_xor_si256(v[d], v[a]));                     \
-        v[c] = _mm256_add_epi64(v[c], v[d]);                                   \
-        v[b] = sl_x4_rotr24(_mm256_xor_si256(v[b], v[c]));                     \
-        v[a] = _mm256_add_epi64(_mm256_add_epi64(v[a], v[b]), (y));            \
-        v[d] = sl_x4_rotr16(_mm256_xor_si256(v[d], v[a]));                     \
-        v[c] = _mm256_add_epi64(v[c], v[d]);                                   \
-        v[b] = sl_x4_rotr63(_mm256_xor_si256(v[b], v[c]));                     \
-    } while (0)
-
-#define SL_X4_ROUND(r)                                                         \
-    do {                                                                       \
-        SL_X4_G(0, 4,  8, 12, m[sl_blake2b_sigma[r][ 0]], m[sl_blake2b_sigma[r][ 1]]); \
-        SL_X4_G(1, 5,  9, 13, m[sl_blake2b_sigma[r][ 2]], m[sl_blake2b_sigma[r][ 3]]); \
-        SL_X4_G(2, 6, 10, 14, m[sl_blake2b_sigma[r][ 4]], m[sl_blake2b_sigma[r][ 5]]); \
-        SL_X4_G(3, 7, 11, 15, m[sl_blake2b_sigma[r][ 6]], m[sl_blake2b_sigma[r][ 7]]); \
-        SL_X4_G(0, 5, 10, 15, m[sl_blake2b_sigma[r][ 8]], m[sl_blake2b_sigma[r][ 9]]); \
-        SL_X4_G(1, 6, 11, 12, m[sl_blake2b_sigma[r][10]], m[sl_blake2b_sigma[r][11]]); \
-        SL_X4_G(2, 7,  8, 13, m[sl_blake2b_sigma[r][12]], m[sl_blake2b_sigma[r][13]]); \
-        SL_X4_G(3, 4,  9, 14, m[sl_blake2b_sigma[r][14]], m[sl_blake2b_sigma[r][15]]); \
-    } while (0)
+#define SL_X4_ROTR(x, n) sl_x4_rotr##n(x)
+#define SL_X4_G(a, b, c, d, x, y) SL_G_WITH(_mm256_add_epi64, _mm256_xor_si256, SL_X4_ROTR, a, b, c, d, x, y)
+#define SL_X4_ROUND(r) SL_ROUND_WITH(SL_X4_G, r)
 
 SL_X4_ATTR static void sl_x4_compress(__m256i h[8], const uint8_t *blocks[4], __m256i t0, __m256i t1, int last) {
     __m256i v[16], m[16];
@@ -295,29 +281,8 @@ SL_X4_ATTR static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t
  * ------------------------------------------------------------------------- */
 #define SL_X8_ATTR __attribute__((target("avx512f")))
 
-#define SL_X8_G(a, b, c, d, x, y)                                              \
-    do {                                                                       \
-        v[a] = _mm512_add_epi64(_mm512_add_epi64(v[a], v[b]), (x));            \
-        v[d] = _mm512_ror_epi64(_mm512_xor_si512(v[d], v[a]), 32);             \
-        v[c] = _mm512_add_epi64(v[c], v[d]);                                   \
-        v[b] = _mm512_ror_epi64(_mm512_xor_si512(v[b], v[c]), 24);             \
-        v[a] = _mm512_add_epi64(_mm512_add_epi64(v[a], v[b]), (y));            \
-        v[d] = _mm512_ror_epi64(_mm512_xor_si512(v[d], v[a]), 16);             \
-        v[c] = _mm512_add_epi64(v[c], v[d]);                                   \
-        v[b] = _mm512_ror_epi64(_mm512_xor_si512(v[b], v[c]), 63);             \
-    } while (0)
-
-#define SL_X8_ROUND(r)                                                         \
-    do {                                                                       \
-        SL_X8_G(0, 4,  8, 12, m[sl_blake2b_sigma[r][ 0]], m[sl_blake2b_sigma[r][ 1]]); \
-        SL_X8_G(1, 5,  9, 13, m[sl_blake2b_sigma[r][ 2]], m[sl_blake2b_sigma[r][ 3]]); \
-        SL_X8_G(2, 6, 10, 14, m[sl_blake2b_sigma[r][ 4]], m[sl_blake2b_sigma[r][ 5]]); \
-        SL_X8_G(3, 7, 11, 15, m[sl_blake2b_sigma[r][ 6]], m[sl_blake2b_sigma[r][ 7]]); \
-        SL_X8_G(0, 5, 10, 15, m[sl_blake2b_sigma[r][ 8]], m[sl_blake2b_sigma[r][ 9]]); \
-        SL_X8_G(1, 6, 11, 12, m[sl_blake2b_sigma[r][10]], m[sl_blake2b_sigma[r][11]]); \
-        SL_X8_G(2, 7,  8, 13, m[sl_blake2b_sigma[r][12]], m[sl_blake2b_sigma[r][13]]); \
-        SL_X8_G(3, 4,  9, 14, m[sl_blake2b_sigma[r][14]], m[sl_blake2b_sigma[r][15]]); \
-    } while (0)
+#define SL_X8_G(a, b, c, d, x, y) SL_G_WITH(_mm512_add_epi64, _mm512_xor_si512, _mm512_ror_epi64, a, b, c, d, x, y)
+#define SL_X8_ROUND(r) SL_ROUND_WITH(SL_X8_G, r)
 
 SL_X8_ATTR static void sl_x8_compress(__m512i h[8], const uint8_t *block, __m512i lanes, uint64_t t, int last) {
     __m512i v[16], m[16];

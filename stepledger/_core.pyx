@@ -359,6 +359,14 @@ cdef object _view(void *data, cnp.npy_intp n, int typenum, object owner):
     return arr
 
 
+cdef void *_resized(void *p, size_t nbytes) except NULL:
+    """``p`` reallocated to ``nbytes``; MemoryError if that fails (``p`` is then left as it was)."""
+    cdef void *q = realloc(p, nbytes)
+    if q == NULL:
+        raise MemoryError()
+    return q
+
+
 cdef class StreamBuffer:
     """Growable columns for one stream of events, 27 bytes an event."""
 
@@ -387,31 +395,12 @@ cdef class StreamBuffer:
         free(self.trunc)
 
     cdef int _grow(self, Py_ssize_t capacity) except -1:
-        cdef void *p
-        p = realloc(self.kind, capacity)
-        if p == NULL:
-            raise MemoryError()
-        self.kind = <uint8_t *>p
-        p = realloc(self.h_obs, capacity * 8)
-        if p == NULL:
-            raise MemoryError()
-        self.h_obs = <uint64_t *>p
-        p = realloc(self.h_act, capacity * 8)
-        if p == NULL:
-            raise MemoryError()
-        self.h_act = <uint64_t *>p
-        p = realloc(self.h_rew, capacity * 8)
-        if p == NULL:
-            raise MemoryError()
-        self.h_rew = <uint64_t *>p
-        p = realloc(self.term, capacity)
-        if p == NULL:
-            raise MemoryError()
-        self.term = <uint8_t *>p
-        p = realloc(self.trunc, capacity)
-        if p == NULL:
-            raise MemoryError()
-        self.trunc = <uint8_t *>p
+        self.kind = <uint8_t *>_resized(self.kind, capacity)
+        self.h_obs = <uint64_t *>_resized(self.h_obs, capacity * 8)
+        self.h_act = <uint64_t *>_resized(self.h_act, capacity * 8)
+        self.h_rew = <uint64_t *>_resized(self.h_rew, capacity * 8)
+        self.term = <uint8_t *>_resized(self.term, capacity)
+        self.trunc = <uint8_t *>_resized(self.trunc, capacity)
         self.capacity = capacity
         return 0
 

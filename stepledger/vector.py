@@ -181,19 +181,11 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
     def step(self, actions):
         self.ledger.actions(actions)
         try:
-            obs, rewards, terminated, truncated, info = self.env.step(actions)
+            results = self.env.step(actions)
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
             self.ledger.interrupted()
             raise
-        if self._same:
-            self._info = info
-            self.ledger.step(obs, rewards, terminated, truncated, self._final_of)
-            self._info = None
-        else:
-            self.ledger.step(obs, rewards, terminated, truncated)
-        if self.live:
-            self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
-        return obs, rewards, terminated, truncated, info
+        return self._recorded(*results)
 
     # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
     # in step_async, before they are sent; the results are recorded in step_wait.
@@ -206,19 +198,11 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
     def step_wait(self, **kwargs):
         """The results of the actions sent by ``step_async``, recorded (``timeout=`` is passed on)."""
         try:
-            obs, rewards, terminated, truncated, info = self._inner("step_wait")(**kwargs)
+            results = self._inner("step_wait")(**kwargs)
         except BaseException:
             self.ledger.interrupted()
             raise
-        if self._same:
-            self._info = info
-            self.ledger.step(obs, rewards, terminated, truncated, self._final_of)
-            self._info = None
-        else:
-            self.ledger.step(obs, rewards, terminated, truncated)
-        if self.live:
-            self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
-        return obs, rewards, terminated, truncated, info
+        return self._recorded(*results)
 
     def reset_async(self, seed=None, options=None):
         """Start a reset (the inner vector env's ``reset_async``); ``reset_wait`` records it."""
@@ -278,6 +262,18 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         if self.live:
             self._check(info, None)
         return obs, info
+
+    def _recorded(self, obs, rewards, terminated, truncated, info):
+        """Record a vector step's results (from step or step_wait) and return them unchanged."""
+        if self._same:
+            self._info = info
+            self.ledger.step(obs, rewards, terminated, truncated, self._final_of)
+            self._info = None
+        else:
+            self.ledger.step(obs, rewards, terminated, truncated)
+        if self.live:
+            self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
+        return obs, rewards, terminated, truncated, info
 
     def _final_obs_of(self, i):
         return final_obs_at(self._info, i)
