@@ -15,7 +15,7 @@ and each seed, SB3's PPO trains on Pendulum-v1 through a SubprocVecEnv:
 Then stepledger.compare. A run counts as caught and located when, for every
 env the injector changed, compare's first difference for that env is located
 (stepledger.check.is_located: the episode and step where the injector first
-changed a value there, with the injected field among the differing fields),
+changed a value there, naming exactly the fields the fault changed),
 and no env the injector left alone differs. A run whose fault found no
 opportunity (a fractional dose that drew no cell where the fault changes
 anything) is shown as such, not counted. Three fault-free runs per env (one

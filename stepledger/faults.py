@@ -35,6 +35,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces as gs
 
+from .vector import NEXT_STEP, final_obs_at, resolve_autoreset_mode
+
 VALUE_FIELDS = ("obs", "action", "reward", "final-obs")
 VALUE_WAYS = ("zero", "stale", "swap", "f16")
 FLAG_FAULTS = ("terminated:spurious", "truncated:as-term", "truncated:drop", "terminated:drop", "terminated:as-trunc")
@@ -465,7 +467,8 @@ class FaultyEnv(_Adapter, gym.Wrapper):
     Args:
         env: the env, already wrapped in LedgerEnv.
         fault: one of ``ENV_SIDE_FAULTS``.
-        index: the env's index in the vector env.
+        index: the env's index in the vector env; None (a stack whose LedgerEnv is given its index
+            later, by ``set_index`` or the trainer side's link): the LedgerEnv's index at the first reset.
         dose: "one", "all" or a fraction.
         at: with dose "one", the first step counter (over the env's life) that may be hit.
         target: with dose "one", the env that is hit.
@@ -473,14 +476,23 @@ class FaultyEnv(_Adapter, gym.Wrapper):
         record: a JSON file to write where the fault first changed a value.
     """
 
-    def __init__(self, env, fault, index, dose="one", at=10, target=0, seed=0, record=None):
+    def __init__(self, env, fault, index=None, dose="one", at=10, target=0, seed=0, record=None):
         super().__init__(env)
-        self.index = int(index)
+        self.index = None if index is None else int(index)
         self.engine = FaultEngine(fault, dose, at, target, seed, record, env.action_space,
                                   allowed=ENV_SIDE_FAULTS, owner="FaultyEnv")
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
+        if self.index is None:  # the LedgerEnv inside has its index once it was reset
+            try:
+                index = self.env.get_wrapper_attr("stepledger_index")
+            except AttributeError:
+                index = None
+            if index is None:
+                raise ValueError("FaultyEnv: no index= and no LedgerEnv inside that knows its index at the first "
+                                 "reset; give FaultyEnv index= or the LedgerEnv its index")
+            self.index = int(index)
         self.engine.reset(self.index, obs)
         return obs, info
 
@@ -505,7 +517,6 @@ class FaultyVectorEnv(_Adapter, gym.vector.VectorWrapper):
 
     def __init__(self, env, fault, dose="one", at=10, target=0, seed=0, record=None, autoreset_mode=None):
         super().__init__(env)
-        from .vector import NEXT_STEP, resolve_autoreset_mode
         self.engine = FaultEngine(fault, dose, at, target, seed, record, self.single_action_space,
                                   allowed=TRAINER_SIDE_FAULTS, owner="FaultyVectorEnv")
         self.mode = resolve_autoreset_mode(env, autoreset_mode, "FaultyVectorEnv")
@@ -530,29 +541,27 @@ class FaultyVectorEnv(_Adapter, gym.vector.VectorWrapper):
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         ended = np.logical_or(terminated, truncated)
         # the obs each step ended on: under SAME_STEP an ended env's is in info["final_obs"]
-        ends_on = [_final_obs(info, i) if ended[i] and not next_step else _row(obs, i) for i in range(n)]
+        ends_on = [final_obs_at(info, i) if ended[i] and not next_step else _row(obs, i) for i in range(n)]
         changed = engine.steps([(ends_on[i], rewards[i], terminated[i], truncated[i]) for i in range(n)], stepping)
+        sent = obs
         if changed:
-            obs, info = _copy(obs), dict(info)
+            sent, info = _copy(obs), dict(info)
             rewards, terminated, truncated = (np.array(x, copy=True) for x in (rewards, terminated, truncated))
             for i, (o, r, te, tr) in changed.items():
                 rewards[i], terminated[i], truncated[i] = r, te, tr
                 if next_step or not ended[i]:
-                    _set_row(obs, i, o)
-                    if not next_step and (te or tr):  # a step made an end: its obs is the final obs, as in SB3
+                    _set_row(sent, i, o)
+                    if not next_step and (te or tr):  # a step made an end: its obs is the final obs
                         _set_final(info, i, _copy(o), n)
+                elif not (te or tr):  # an end made a step: the final obs goes on as its obs, not the reset obs
+                    if o is not None:
+                        _set_row(sent, i, o)
                 elif o is not ends_on[i]:
                     _set_final(info, i, o, n)
         for i in range(n):
             if not stepping[i] or ended[i] and not next_step:
                 engine.reset(i, _row(obs, i))
-        return obs, rewards, terminated, truncated, info
-
-
-def _final_obs(info, i):
-    """``info["final_obs"][i]`` as the trainer-side ledger reads it, or None when there is none."""
-    from .vector import final_obs_at
-    return final_obs_at(info, i)
+        return sent, rewards, terminated, truncated, info
 
 
 def _set_final(info, i, value, n):
@@ -574,7 +583,7 @@ def _set_final(info, i, value, n):
 
 def _row(batch, i):
     if isinstance(batch, dict):
-        return {k: _row(v, i) for k, v in batch.items() if not (isinstance(k, str) and k.startswith("_"))}
+        return {k: _row(v, i) for k, v in batch.items()}
     if isinstance(batch, tuple):
         return tuple(_row(v, i) for v in batch)
     return batch[i]
@@ -636,22 +645,24 @@ if _VecEnvWrapper is not None:
             # the obs each step ended on: an ended env's is its terminal_observation
             ends_on = [infos[i].get("terminal_observation") if d else _row(obs, i) for i, d in enumerate(ended)]
             changed = self.engine.steps([(ends_on[i], rewards[i], terms[i], truncs[i]) for i in range(n)], [True] * n)
+            sent = obs
             if changed:
-                true_obs, obs = obs, _copy(obs)
+                sent = _copy(obs)
                 rewards, dones, infos = np.array(rewards, copy=True), np.array(dones, copy=True), list(infos)
                 for i, (o, r, term, trunc) in changed.items():
-                    rewards[i] = r
-                    info = infos[i] = dict(infos[i])
-                    if o is not ends_on[i]:
-                        if ended[i]:
-                            info["terminal_observation"] = o
-                        else:
-                            _set_row(obs, i, o)
+                    rewards[i], info = r, dict(infos[i])
+                    if o is not ends_on[i] and ended[i]:
+                        info["terminal_observation"] = o
+                    elif o is not ends_on[i]:
+                        _set_row(sent, i, o)
                     if (term, trunc) != (terms[i], truncs[i]):
                         info["TimeLimit.truncated"] = trunc and not term
-                        if (term or trunc) and not ended[i]:
-                            info["terminal_observation"] = _copy(_row(true_obs, i))
+                        if (term or trunc) and not ended[i]:  # a step made an end: its obs is the final obs
+                            info["terminal_observation"] = _copy(_row(obs, i))
+                        elif not (term or trunc) and o is not None:  # an end made a step: the final obs goes on
+                            _set_row(sent, i, o)
                         dones[i] = term or trunc
+                    infos[i] = info
             for i in np.flatnonzero(ended):
                 self.engine.reset(int(i), _row(obs, int(i)))
-            return obs, rewards, dones, infos
+            return sent, rewards, dones, infos

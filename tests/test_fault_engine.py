@@ -35,16 +35,8 @@ FIELDS = {"obs": {"obs"}, "final-obs": {"obs"}, "action": {"action"}, "reward": 
 
 
 def expected_fields(fault, adapter):
-    """The fields compare names at the struck event: exactly these.
-
-    Where the reset happens within the ending step (SAME_STEP, SB3), the
-    obs that comes with a step is the reset obs: a dropped end sends it on as
-    the next obs of the same episode, so obs differs as well.
-    """
-    fields = FIELDS.get(fault) or FIELDS[fault.split(":")[0]]
-    if fault in ("truncated:drop", "terminated:drop") and adapter in ("vector-same", "sb3"):
-        return fields | {"obs"}
-    return fields
+    """The fields compare names at the struck event: exactly these, under every adapter."""
+    return FIELDS.get(fault) or FIELDS[fault.split(":")[0]]
 
 
 def _faults(adapter):
@@ -262,3 +254,46 @@ def test_engine_next_step_reset_is_not_a_step():
     assert not eng.awaiting_reset(0) and eng.position(0) == (1, 0)
     eng.step(0, np.ones(1), 1.0, False, False)
     assert eng.where.by_env[0]["episode"] == 1 and eng.where.by_env[0]["step"] == 1
+
+
+# ---------------------------------------------------------------- an env-side injector whose index comes later
+
+
+def _unindexed(directory, i, fault):
+    env = LedgerEnv(ScriptedEnv(lengths=LENGTHS, ends=ENDS, seed=100 + i), directory)  # index: the trainer's link
+    return FaultyEnv(env, fault, at=AT, target=TARGET)  # index: the LedgerEnv's, at the first reset
+
+
+@pytest.mark.parametrize("fault", ("obs:zero", "terminated:drop"))
+def test_env_side_index_taken_from_the_ledger_inside(tmp_path, fault):
+    """Without index=, FaultyEnv strikes and records as env i, i the index its LedgerEnv was given later."""
+    directory, trainer_file = str(tmp_path), os.path.join(str(tmp_path), "trainer.npz")
+    inner = gym.vector.SyncVectorEnv([functools.partial(_unindexed, directory, i, fault) for i in range(N_ENVS)])
+    envs = LedgerVectorEnv(inner, trainer_file)
+    envs.single_action_space.seed(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        envs.reset()
+        for _ in range(STEPS):
+            envs.step(np.stack([envs.single_action_space.sample() for _ in range(N_ENVS)]))
+        envs.close()
+    assert [e.index for e in inner.envs] == list(range(N_ENVS))
+    struck = {k: v for e in inner.envs for k, v in e.where.by_env.items()}
+    assert list(struck) == [TARGET] and (struck[TARGET]["episode"], struck[TARGET]["step"]) == expected_strike(fault)
+    _check(compare(directory, trainer_file), struck, fault, "env")
+
+
+def test_env_side_without_any_index_is_refused_at_reset():
+    env = FaultyEnv(gym.make("CartPole-v1"), "obs:zero")
+    with pytest.raises(ValueError, match=r"^FaultyEnv: no index= and no LedgerEnv inside that knows its index"):
+        env.reset()
+
+
+def test_a_fraction_hits_the_same_cells_under_every_adapter(tmp_path):
+    """Cells are an env's steps, drawn from a generator of the seed and the env: the adapter does not matter."""
+    fault, firsts = "final-obs:zero", {}
+    for adapter in ADAPTERS:
+        report, struck = run(tmp_path / adapter, adapter, fault, dose=0.3)
+        _check(report, struck, fault, adapter)
+        firsts[adapter] = {env: (w["episode"], w["step"]) for env, w in struck.items()}
+    assert len(firsts["env"]) == N_ENVS and all(f == firsts["env"] for f in firsts.values()), firsts
