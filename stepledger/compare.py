@@ -697,7 +697,9 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             if isinstance(position, int) and position != idx:
                 notes.append("env-%d.npz: its LedgerEnv is env %d of the trainer's vector env (the trainer side "
                              "told it so): is index= each env's position in the vector env?" % (idx, position))
-        envs = sorted(set(env_ledger.streams) | set(tr_ledger.streams))
+        # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
+        # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
+        envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
         differences = []
         hint = False
         for k, e in enumerate(envs):

@@ -310,3 +310,25 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert report.ok and report.partial["env"]
     assert "env 0: records end at different points (the env side stopped" in text
     assert "env-0.npz not closed (its process is gone)" in text
+
+
+def test_a_trainer_stream_with_no_events_and_no_env_ledger_is_not_an_env(tmp_path):
+    # a trainer ledger sized for more envs than it saw (stepledger.rllib keeps streams for runners RLlib may
+    # recreate): the streams that never got an event name no env; an env ledger without events there still does
+    from stepledger import TrainerLedger
+    d = str(tmp_path)
+    env = LedgerEnv(gym.make("CartPole-v1"), d, index=2)
+    obs, _ = env.reset(seed=0)
+    led = TrainerLedger(os.path.join(d, "trainer.npz"), 6, env.observation_space, env.action_space)
+    led.env_reset(2, obs)
+    obs, reward, terminated, truncated, _ = env.step(1)
+    led.env_steps(2, np.array([1]), obs[None], np.array([reward]), np.array([terminated]), np.array([truncated]))
+    env.close()
+    led.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok and report.envs == [2], str(report)
+    other = LedgerEnv(gym.make("CartPole-v1"), d, index=4)
+    other.reset(seed=1)
+    other.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert [x.env for x in report.differences] == [4], str(report)
