@@ -222,14 +222,27 @@ def _demo(args):
 def _check(args):
     from .check import check_boundary, registered_env
     from .faults import ENV_SIDE_FAULTS, check_fault
-    faults = ENV_SIDE_FAULTS if not args.faults else [check_fault(f, ENV_SIDE_FAULTS, "--faults")
-                                                      for f in args.faults.split(",")]
+    allowed = ENV_SIDE_FAULTS
+    if args.trainer == "rllib" and args.place == "connector":
+        from .rllib import CONNECTOR_FAULTS as allowed
+    faults = allowed if not args.faults else [check_fault(f, allowed, "--faults") for f in args.faults.split(",")]
     env_fn = registered_env(args.env_id, args.max_episode_steps)
     progress = _progress("check, runs")
     try:
-        report = check_boundary(env_fn, vector=args.vector, autoreset=args.autoreset, n_envs=args.num_envs,
-                                steps=args.steps, faults=faults, directory=args.dir, keep=args.keep,
-                                progress=progress)
+        if args.trainer == "rllib":
+            try:
+                from .rllib import check_rllib
+                import ray.rllib  # noqa: F401
+            except ImportError as exc:
+                raise LedgerError("--trainer rllib needs Ray RLlib: pip install 'plugrl-stepledger[rllib]' (%s)"
+                                  % exc) from None
+            report = check_rllib(args.env_id, faults=faults, runners=args.runners, envs=args.num_envs,
+                                 iterations=args.iterations, max_episode_steps=args.max_episode_steps,
+                                 place=args.place, directory=args.dir, keep=args.keep, progress=progress)
+        else:
+            report = check_boundary(env_fn, vector=args.vector, autoreset=args.autoreset, n_envs=args.num_envs,
+                                    steps=args.steps, faults=faults, directory=args.dir, keep=args.keep,
+                                    progress=progress)
     finally:
         progress.done()
     if args.junit:
@@ -258,7 +271,8 @@ def _add_check(sub):
                                    "ledgers, then once per fault with the fault injected in the workers, and "
                                    "report whether each was caught and located.",
                        epilog="example:\n  stepledger check Pendulum-v1 --vector async --autoreset same\n"
-                              "  stepledger check CartPole-v1 --vector subproc\n\n"
+                              "  stepledger check CartPole-v1 --vector subproc\n"
+                              "  stepledger check CartPole-v1 --trainer rllib --num-envs 2\n\n"
                               "exit codes: 0 every exercised fault caught and located, 1 not (or the rollout is too "
                               "short for some fault), 2 cannot run\nthe faults: stepledger docs faults")
     c.add_argument("env_id", help="a registered Gymnasium env id")
@@ -266,7 +280,18 @@ def _add_check(sub):
                    help="the vector env: Gymnasium's sync or async, SB3's subproc or dummy (needs the [sb3] extra)")
     c.add_argument("--autoreset", choices=("next", "same"), default="next",
                    help="autoreset mode of Gymnasium's vector envs")
-    c.add_argument("--num-envs", type=_positive_int, default=4, help="envs in the vector env")
+    c.add_argument("--trainer", choices=("vector", "rllib"), default="vector",
+                   help="vector: the vector env chosen by --vector, stepped with random actions; rllib: short "
+                        "Ray RLlib PPO runs on --runners env runners of --num-envs envs each (needs the [rllib] "
+                        "extra)")
+    c.add_argument("--runners", type=_positive_int, default=2, help="with --trainer rllib: remote env runners")
+    c.add_argument("--iterations", type=_positive_int, default=1, help="with --trainer rllib: training iterations "
+                                                                       "per run")
+    c.add_argument("--place", choices=("wrapper", "connector"), default="wrapper",
+                   help="with --trainer rllib: inject each fault by a gym wrapper outside LedgerEnv, or by an "
+                        "env-to-module connector")
+    c.add_argument("--num-envs", type=_positive_int, default=4, help="envs in the vector env (per env runner with "
+                                                                     "--trainer rllib)")
     c.add_argument("--steps", type=_positive_int, default=200, help="vector steps per run")
     c.add_argument("--max-episode-steps", type=_positive_int, default=20,
                    help="time limit, so that episode-end faults have opportunities")

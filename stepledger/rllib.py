@@ -1,0 +1,689 @@
+"""Ray RLlib: both ledgers of a run, with one call on the algorithm config.
+
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> import stepledger.rllib
+    >>> config = PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=2, num_envs_per_env_runner=2)
+    >>> config = stepledger.rllib.instrument(config, "s3://bucket/run-17")  # or a local or shared directory
+    >>> algo = config.build_algo(); algo.train(); algo.stop()
+
+then ``stepledger compare s3://bucket/run-17 s3://bucket/run-17/trainer.npz``.
+
+Where each side is recorded (the new API stack: env runners, episodes, learners):
+
+- **The env side.** ``LedgerEnv`` goes around every sub-env of every env
+  runner, local and remote, inside the env creator (the user's own env,
+  registered name or Gymnasium id, is built by it as RLlib would). Each
+  sub-env gets a global index when its runner's vector env is created
+  (``on_environment_created``): ``(worker_index - 1) * num_envs_per_env_runner
+  + its position in the runner's vector env``, or its position alone on the
+  local runner when there are no remote runners. Ledgers spill every
+  ``flush_interval`` seconds, at a cost proportional to what is new, and are
+  closed by ``algo.stop()``; a killed cluster leaves them up to the last spill.
+- **The trainer side.** With the learner placement (PPO's): what the learners
+  train on, the episodes that crossed the object store from the env runners,
+  as the learner group is handed them, before its sharding across learners and
+  before any learner connector (PPO's ``AddOneTsToEpisodesAndTruncate`` renames
+  ``id_`` and adds a step); ``PATH/trainer.npz``, written by the algorithm's
+  process. With the runner placement (the other algorithms', whose learners
+  train on replayed or aggregated data): the episodes each runner returns from
+  ``sample()``, before they cross; ``PATH/trainer-runner-N.npz`` per runner.
+  Chunks of one env across ``sample()`` calls are stitched by the env index
+  tagged on each episode when it is created. Actions are the ones sent to the
+  env: the episode keeps the policy's, so the recorder applies RLlib's own
+  ``NormalizeAndClipActions`` (unsquash or clip, as the config says).
+- **Evaluation runners** are not recorded: their episodes never reach a
+  learner. **A runner that RLlib recreates** after a failure gets new indices
+  (past those of the first runners), so that its ledgers never replace those
+  of the runner it replaces; the old runner's ledgers end where it died.
+"""
+
+import functools
+import json
+import os
+import uuid
+import warnings
+
+import gymnasium as gym
+import numpy as np
+
+from . import storage
+from .env import LedgerEnv
+from .errors import SettingsError
+from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault
+from .recording import attend
+
+TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
+TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger
+RUNNER_FILE = "trainer-runner-%d.npz"      # the runner placement's, one per env runner (its first env index)
+PLACEMENTS = ("auto", "learner", "runner")
+ALLOCATOR = "stepledger-indices-%s"  # a named actor handing out indices to recreated runners
+RESTARTS_KEPT = 16                   # trainer-side streams kept per runner for its recreations
+
+
+# ---------------------------------------------------------------- the env side
+
+class LedgeredEnvCreator:
+    """The env creator RLlib calls in each env runner: the user's env, with ``LedgerEnv`` around it.
+
+    The index is given later, by ``on_environment_created``, once the sub-env's
+    place in its runner's vector env is known (every sub-env of a runner gets
+    the same ``EnvContext``: its ``vector_index`` is always 0).
+    """
+
+    def __init__(self, env, directory, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+        self.env, self.directory = env, directory
+        self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
+        self.fault = None  # set by inject(..., place="wrapper"): a FaultyEnv outside LedgerEnv
+
+    def make_inner(self, ctx):
+        """The user's env, built as RLlib builds it from ``config.env``."""
+        env = self.env
+        if callable(env):
+            return env(ctx)
+        from ray.tune.registry import ENV_CREATOR, _global_registry
+        if _global_registry.contains(ENV_CREATOR, env):
+            return _global_registry.get(ENV_CREATOR, env)(ctx)
+        return gym.make(env, **dict(ctx))
+
+    def __call__(self, ctx):
+        env = LedgerEnv(self.make_inner(ctx), self.directory, reward_dtype=self.reward_dtype,
+                        keep_values=self.keep_values, flush_interval=self.flush_interval)
+        if self.fault is not None:
+            env = IndexedFaultyEnv(env, **self.fault)
+        return env
+
+
+class LedgeredEnv:
+    """What ``config.env`` is once instrumented: RLlib takes an env class, and calling this one returns the
+    user's env with ``LedgerEnv`` around it (``creator``, a ``LedgeredEnvCreator``, set on a subclass per
+    ``instrument`` call, travels with the config to every env runner)."""
+
+    creator = None
+
+    def __new__(cls, ctx=None):
+        return cls.creator({} if ctx is None else ctx)
+
+
+def _creator_of(env):
+    return env.creator if isinstance(env, type) and issubclass(env, LedgeredEnv) else None
+
+
+def runner_base(env_runner):
+    """The global index of a runner's first sub-env: (worker_index - 1) * n on remote runners, 0 on the local one."""
+    w, n = int(env_runner.worker_index), int(env_runner.num_envs)
+    return 0 if w == 0 else (w - 1) * n
+
+
+def _recreated():
+    try:
+        import ray
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:
+        return False
+
+
+def _index_env(run, env_runner, env, **_):
+    """on_environment_created: each sub-env of the runner gets its global index."""
+    if env_runner.config.in_evaluation:
+        return
+    n = int(env_runner.num_envs)
+    base = runner_base(env_runner)
+    if _recreated():
+        # RLlib restarted this runner's actor after a failure: new indices, so that the ledgers of the
+        # runner it replaces are neither overwritten nor continued by another process.
+        import ray
+        allocator = ray.get_actor(ALLOCATOR % run)
+        base = ray.get(allocator.take.remote(n))
+    env_runner._stepledger_base = base
+    env.set_attr("stepledger_index", [base + j for j in range(n)])
+
+
+def _tag_episode(env_runner, episode, env_index, **_):
+    """on_episode_created: the episode carries its sub-env's global index (cut() copies it into each chunk)."""
+    if env_runner.config.in_evaluation:
+        return
+    base = getattr(env_runner, "_stepledger_base", None)
+    if base is None:
+        base = runner_base(env_runner)
+    episode.custom_data[TAG] = base + int(env_index)
+
+
+def _on_sample_end(settings, env_runner, samples=None, **_):
+    """on_sample_end: with the runner placement, record the episodes before they cross the object store.
+    Then, as the runner goes idle until its next sample() call, spill now what is due, so that a cluster
+    killed in between keeps every event up to the last sample() that ended past an interval."""
+    if env_runner.config.in_evaluation:
+        return
+    if settings["placement"] == "runner" and samples:
+        _runner_recorder(settings, env_runner).record(samples)
+    attend()
+
+
+def pending_resets(env_runner):
+    """(env index, episode) of the runner's episodes that were reset and have no step yet."""
+    if env_runner.config.in_evaluation:
+        return []
+    out = []
+    for ep in getattr(env_runner, "_ongoing_episodes", None) or []:
+        if ep is not None and ep.is_reset and ep.t_started == 0 and len(ep) == 0 and TAG in ep.custom_data:
+            out.append((int(ep.custom_data[TAG]), ep))
+    return out
+
+
+def _runner_recorder(settings, env_runner):
+    """The runner placement's recorder: ``trainer-runner-{first index}.npz``, streams of this runner's envs."""
+    recorder = getattr(env_runner, "_stepledger_recorder", None)
+    if recorder is None:
+        base = getattr(env_runner, "_stepledger_base", None)
+        base = runner_base(env_runner) if base is None else base
+        path = storage.join(settings["path"], RUNNER_FILE % base)
+        recorder = EpisodeRecorder(path, base + int(env_runner.num_envs), env_runner.config,
+                                   reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
+                                   flush_interval=settings["flush_interval"])
+        env_runner._stepledger_recorder = recorder
+        stop = env_runner.stop
+
+        @functools.wraps(stop)
+        def stop_and_close(*args, **kwargs):
+            try:
+                recorder.record_resets(pending_resets(env_runner))
+                return stop(*args, **kwargs)
+            finally:
+                recorder.close()
+
+        env_runner.stop = stop_and_close
+    return recorder
+
+
+class _Allocator:
+    """Hands out blocks of indices past the first runners' ones, to runners that RLlib recreates."""
+
+    def __init__(self, start):
+        self.next = int(start)
+
+    def take(self, n):
+        base, self.next = self.next, self.next + int(n)
+        return base
+
+
+# ---------------------------------------------------------------- the trainer side
+
+def env_actions(actions, action_space, config):
+    """The actions the env runner sent for the policy's ``actions``, as its NormalizeAndClipActions made them."""
+    if not getattr(config, "add_default_connectors_to_module_to_env_pipeline", True):
+        return actions
+    from ray.rllib.utils.spaces.space_utils import clip_action, get_base_struct_from_space, unsquash_action
+    struct = get_base_struct_from_space(action_space)
+    if config.normalize_actions:
+        return unsquash_action(actions, struct)
+    if config.clip_actions:
+        return clip_action(actions, struct)
+    return actions
+
+
+def _flags(m, last):
+    flags = np.zeros(m, dtype=bool)
+    if m and last:
+        flags[-1] = True
+    return flags
+
+
+class EpisodeRecorder:
+    """Episodes (and chunks of them) into a trainer-side ledger, one stream per global env index.
+
+    A chunk with ``t_started == 0`` begins with its reset obs; a later chunk's
+    first obs repeats the previous chunk's last one and is not recorded again.
+    """
+
+    def __init__(self, path, num_envs, config, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+        self.path, self.num_envs, self.config = path, int(num_envs), config
+        self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
+        self.ledger = None
+        self.next_t = {}  # env -> the t the next chunk of that env must start at
+        self.untagged = 0
+        self.beyond = set()  # indices past num_envs: runners recreated more often than indices were kept for
+
+    def _open(self, episode):
+        from .trainer import TrainerLedger
+        self.ledger = TrainerLedger(self.path, self.num_envs, episode.observation_space, episode.action_space,
+                                    reward_dtype=self.reward_dtype, keep_values=self.keep_values,
+                                    flush_interval=self.flush_interval)
+
+    def record(self, episodes):
+        for ep in episodes:
+            env = ep.custom_data.get(TAG) if hasattr(ep, "custom_data") else None
+            if env is None:
+                self.untagged += 1
+                continue
+            if env >= self.num_envs:
+                if env not in self.beyond:
+                    self.beyond.add(env)
+                    warnings.warn("stepledger.rllib: env %d (of a runner RLlib recreated more often than the %d "
+                                  "indices kept for recreated runners) is not recorded on the trainer side"
+                                  % (env, self.num_envs), RuntimeWarning, stacklevel=2)
+                continue
+            if self.ledger is None:
+                self._open(ep)
+            m = len(ep)
+            obs = ep.get_observations()  # m + 1 of them, without the lookback buffer
+            if ep.t_started == 0:
+                self.ledger.env_reset(env, _row(obs, 0))
+            elif self.next_t.get(env) != ep.t_started:
+                warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at %s: "
+                              "the steps between never reached the learner" % (env, ep.t_started, self.next_t.get(env)),
+                              RuntimeWarning, stacklevel=2)
+            self.next_t[env] = ep.t_started + m
+            if m == 0:
+                continue
+            actions = env_actions(ep.get_actions(), ep.action_space, self.config)
+            self.ledger.env_steps(env, actions, _rows(obs, 1), np.asarray(ep.get_rewards()),
+                                  _flags(m, ep.is_terminated), _flags(m, ep.is_truncated))
+
+    def record_resets(self, resets):
+        """Resets a runner did after its last ``sample()`` returned: an episode just reset has no step yet and
+        is not returned (its reset obs starts the next chunk). At the end of a run they would never come."""
+        for env, ep in resets:
+            if self.ledger is None:
+                self._open(ep)
+            if 0 <= env < self.num_envs:
+                self.ledger.env_reset(env, _row(ep.get_observations(), 0))
+                self.next_t[env] = 0
+
+    def flush(self):
+        if self.ledger is not None:
+            self.ledger.flush()
+
+    def close(self):
+        if self.ledger is not None:
+            self.ledger.close()
+
+
+def _row(batch, i):
+    if isinstance(batch, dict):
+        return {k: _row(v, i) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_row(v, i) for v in batch)
+    return batch[i]
+
+
+def _rows(batch, start):
+    if isinstance(batch, dict):
+        return {k: _rows(v, start) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_rows(v, start) for v in batch)
+    return batch[start:]
+
+
+def _training_episodes(kwargs):
+    td = kwargs.get("training_data")
+    if td is not None:
+        if td.episodes_refs is not None:
+            td.solve_refs()
+        return td.episodes or []
+    return kwargs.get("episodes") or []
+
+
+def _hook_algorithm(settings, algorithm, **_):
+    """on_algorithm_init (the algorithm's process): with the learner placement, record what the learner group
+    is handed and close at stop(); the allocator of indices for recreated runners either way."""
+    import ray
+    config = algorithm.config
+    runners = int(config.num_env_runners)
+    n = int(config.num_envs_per_env_runner)
+    total = n * max(runners, 1)
+    if runners and config.restart_failed_env_runners:
+        algorithm._stepledger_allocator = ray.remote(num_cpus=0)(_Allocator).options(
+            name=ALLOCATOR % settings["run"]).remote(total)
+        restarts = min(int(config.max_num_env_runner_restarts), RESTARTS_KEPT)
+        total += restarts * n * runners
+    if settings["placement"] != "learner":
+        return
+    recorder = EpisodeRecorder(storage.join(settings["path"], TRAINER_FILE), total, config,
+                               reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
+                               flush_interval=settings["flush_interval"])
+    algorithm._stepledger_recorder = recorder
+    group = algorithm.learner_group
+    update, stop = group.update, algorithm.stop
+
+    @functools.wraps(update)
+    def recording_update(*args, **kwargs):
+        recorder.record(_training_episodes(kwargs))
+        return update(*args, **kwargs)
+
+    @functools.wraps(stop)
+    def stop_and_close(*args, **kwargs):
+        try:
+            try:
+                runners = algorithm.env_runner_group
+                resets = runners.foreach_env_runner(pending_resets, local_env_runner=runners.local_env_runner
+                                                    is not None and runners.local_env_runner.env is not None)
+                recorder.record_resets([pair for part in resets for pair in part])
+            except Exception as exc:  # a runner already gone: its last resets stay unrecorded
+                warnings.warn("stepledger.rllib: could not ask the env runners for their last resets: %s" % exc,
+                              RuntimeWarning, stacklevel=2)
+            return stop(*args, **kwargs)
+        finally:
+            recorder.close()
+
+    group.update = recording_update
+    algorithm.stop = stop_and_close
+
+
+# ---------------------------------------------------------------- the one call
+
+def _append(existing, fn):
+    if existing is None:
+        return [fn]
+    if isinstance(existing, (list, tuple)):
+        return list(existing) + [fn]
+    return [existing, fn]
+
+
+def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_values=False,
+               flush_interval=None):
+    """Record both sides of an RLlib run into ``path`` (a directory or an fsspec URL); returns the config.
+
+    The user's env, callbacks, connectors and learner keep working as they
+    were: the env creator is wrapped, and stepledger's callbacks are added
+    after the user's own.
+
+    Args:
+        config: an ``AlgorithmConfig`` of the new API stack (env runners and learners), single agent.
+        path: where the ledgers go: ``env-N.npz`` for each sub-env, ``trainer.npz`` (or, with the runner
+            placement, ``trainer-runner-N.npz`` for each env runner).
+        placement: where the trainer side records: ``"learner"``, what the learner group is handed (after
+            the object store); ``"runner"``, the episodes each env runner returns (``on_sample_end``, before
+            they cross); ``"auto"`` (default): ``"learner"`` for PPO, whose learners train on the episodes
+            just sampled, ``"runner"`` for the others (a replay buffer or an aggregator stands between the
+            runners and the learners there, so the learners' batches are not the episodes in order).
+        reward_dtype, keep_values, flush_interval: as for ``LedgerEnv``.
+    """
+    try:
+        from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    except ImportError as exc:
+        raise ImportError("stepledger.rllib needs Ray RLlib: pip install 'plugrl-stepledger[rllib]' (%s)" % exc) \
+            from None
+    if not isinstance(config, AlgorithmConfig):
+        raise SettingsError("stepledger.rllib.instrument: config must be an RLlib AlgorithmConfig "
+                            "(PPOConfig() ...), got %s" % type(config).__name__)
+    if not (config.enable_env_runner_and_connector_v2 and config.enable_rl_module_and_learner):
+        raise SettingsError("stepledger.rllib.instrument: the config is on RLlib's old API stack; stepledger records "
+                            "the new one (env runners, episodes and learners)")
+    if config.is_multi_agent:
+        raise SettingsError("stepledger.rllib.instrument: multi-agent configs are not supported (single agent only)")
+    if _creator_of(config.env) is not None:
+        raise SettingsError("stepledger.rllib.instrument: this config is already instrumented (into %s)"
+                            % _creator_of(config.env).directory)
+    if not config.env:
+        raise SettingsError("stepledger.rllib.instrument: the config has no env: call "
+                            "config.environment(...) first")
+    mode = str(getattr(config, "gym_env_vectorize_mode", "sync")).lower()
+    if "vector_entry_point" in mode:
+        raise SettingsError("stepledger.rllib.instrument: gym_env_vectorize_mode=%s builds no single sub-envs "
+                            "to record; use 'sync' or 'async'" % config.gym_env_vectorize_mode)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError("stepledger.rllib.instrument: path must be a directory or an fsspec URL, got %r" % (path,))
+    path = os.fspath(path)
+    if not storage.is_remote(path):
+        path = os.path.abspath(path)  # the runners may run elsewhere: never relative to their working directory
+        os.makedirs(path, exist_ok=True)
+    if placement not in PLACEMENTS:
+        raise ValueError("stepledger.rllib.instrument: placement must be one of %s, got %r"
+                         % (", ".join(PLACEMENTS), placement))
+    if placement == "auto":
+        from ray.rllib.algorithms.ppo import PPOConfig
+        placement = "learner" if isinstance(config, PPOConfig) else "runner"
+    user_env = config.env
+    settings = dict(run=uuid.uuid4().hex[:16], path=path, placement=placement, reward_dtype=reward_dtype,
+                    keep_values=keep_values, flush_interval=flush_interval)
+    creator = LedgeredEnvCreator(user_env, path, reward_dtype, keep_values, flush_interval)
+    config.environment(env=type("LedgeredEnv", (LedgeredEnv,), {"creator": creator}))
+    # evaluation runners build the user's env itself: their episodes reach no learner
+    evaluation = config.evaluation_config
+    if evaluation is None:
+        config.evaluation(evaluation_config={"env": user_env})
+    elif isinstance(evaluation, dict) and "env" not in evaluation:
+        config.evaluation(evaluation_config=dict(evaluation, env=user_env))
+    elif not isinstance(evaluation, dict) and _creator_of(getattr(evaluation, "env", None)) is not None:
+        evaluation.env = user_env
+    config.callbacks(
+        on_environment_created=_append(config.callbacks_on_environment_created,
+                                       functools.partial(_index_env, settings["run"])),
+        on_episode_created=_append(config.callbacks_on_episode_created, _tag_episode),
+        on_sample_end=_append(config.callbacks_on_sample_end, functools.partial(_on_sample_end, settings)),
+        on_algorithm_init=_append(config.callbacks_on_algorithm_init, functools.partial(_hook_algorithm, settings)),
+    )
+    return config
+
+
+# ---------------------------------------------------------------- faults on purpose (the fault kit's RLlib injector)
+
+PLACES = ("wrapper", "connector")
+CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious")
+
+
+class IndexedFaultyEnv(FaultyEnv):
+    """``FaultyEnv`` outside ``LedgerEnv`` in an env runner: it learns its env's index when LedgerEnv does."""
+
+    def __init__(self, env, fault, env_index, at=10, record=None):
+        super().__init__(env, fault, index=0, dose="one", at=at, target=env_index, record=record)
+
+    @property
+    def stepledger_index(self):
+        return self.index
+
+    @stepledger_index.setter
+    def stepledger_index(self, index):
+        self.index = int(index)
+        self.env.set_wrapper_attr("stepledger_index", index)
+
+
+def _write_record(path, hit):
+    if path is None:
+        return
+    if storage.is_remote(path):
+        raise ValueError("stepledger.rllib.inject: record must be a local file")
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(hit, f)
+    os.replace(tmp, path)
+
+
+def _changed(value, way):
+    """The value rounded through float16 or zeroed, or None where that changes nothing."""
+    arr = np.asarray(value)
+    if way == "zero":
+        new = np.zeros_like(arr)
+    elif arr.dtype.kind == "f":
+        new = arr.astype(np.float16).astype(arr.dtype)
+    else:
+        return None
+    if np.array_equal(new, arr):
+        return None
+    return new if isinstance(value, np.ndarray) else new[()]
+
+
+def _faulty_connector_class():
+    from ray.rllib.connectors.connector_v2 import ConnectorV2
+
+    class FaultyEnvToModule(ConnectorV2):
+        """An env-to-module connector piece that changes the episode's latest obs, reward or end flag once:
+        at the first step of env ``env_index`` at or after its ``at``-th step (over the env's life) where the
+        change changes something. It runs in the env runner, after the env stepped, before the episode
+        leaves it: the env's ledger keeps what the env gave, the episode what the connector made of it."""
+
+        def __init__(self, input_observation_space=None, input_action_space=None, *, fault, env_index, at=10,
+                     record=None, **kwargs):
+            super().__init__(input_observation_space, input_action_space, **kwargs)
+            self.fault, self.env_index, self.at, self.record = fault, int(env_index), int(at), record
+            self.field, self.way = fault.split(":")
+            self.done = False
+            self._ids, self._last_t, self._steps = [], None, 0
+
+        def __call__(self, *, rl_module, batch, episodes, **kwargs):
+            if self.done:
+                return batch
+            for ep in episodes:
+                if ep.custom_data.get(TAG) != self.env_index:
+                    continue
+                if not self._ids or self._ids[-1] != ep.id_:
+                    self._ids.append(ep.id_)
+                    self._last_t = None
+                if ep.t == ep.t_started and len(ep) == 0 or ep.t == self._last_t:
+                    continue  # just reset, or not stepped since the last call
+                self._last_t = ep.t
+                self._steps += 1
+                if self._steps <= self.at:
+                    continue
+                if self._strike(ep):
+                    self.done = True
+                    _write_record(self.record, {"env": self.env_index, "episode": len(self._ids) - 1,
+                                                "step": int(ep.t), "fault": self.fault, "field": self.field})
+            return batch
+
+        def _strike(self, ep):
+            if self.field == "terminated":
+                if ep.is_done:
+                    return False
+                ep.is_terminated = True
+                return True
+            if self.field == "obs":
+                new = _changed(ep.get_observations(-1), self.way)
+                if new is not None:
+                    ep.set_observations(new_data=new, at_indices=-1)
+                return new is not None
+            new = _changed(np.float64(ep.get_rewards(-1)), self.way)
+            if new is not None:
+                ep.set_rewards(new_data=float(new), at_indices=-1)
+            return new is not None
+
+    return FaultyEnvToModule
+
+
+def inject(config, fault, *, env=0, at=10, record=None, place="wrapper"):
+    """Put one boundary fault into an instrumented RLlib config, to prove that its ledgers catch it.
+
+    Args:
+        config: a config that ``instrument`` returned.
+        fault: with ``place="wrapper"``, any of the fault kit's env-side faults (stepledger.faults); with
+            ``place="connector"``, one of ``CONNECTOR_FAULTS``.
+        env: the global index of the env that is hit.
+        at: the fault takes the first opportunity after this many steps of that env.
+        record: a local JSON file where the injector writes where it struck (env, episode, step, fault,
+            field), for ``stepledger.faults.read_record``.
+        place: ``"wrapper"``: a gym wrapper (``FaultyEnv``) outside ``LedgerEnv`` in every sub-env;
+            ``"connector"``: an env-to-module connector piece, after the user's own, that edits the episode.
+    """
+    creator = _creator_of(config.env)
+    if creator is None:
+        raise SettingsError("stepledger.rllib.inject: call stepledger.rllib.instrument(config, path) first")
+    if place not in PLACES:
+        raise ValueError("stepledger.rllib.inject: place must be one of %s, got %r" % (", ".join(PLACES), place))
+    record = None if record is None else os.path.abspath(os.fspath(record))
+    if place == "wrapper":
+        check_fault(fault, ENV_SIDE_FAULTS, "stepledger.rllib.inject")
+        creator.fault = dict(fault=fault, env_index=int(env), at=int(at), record=record)
+        return config
+    check_fault(fault, CONNECTOR_FAULTS, "stepledger.rllib.inject")
+    user = config._env_to_module_connector
+    config.env_runners(env_to_module_connector=functools.partial(
+        _with_faulty_connector, user, dict(fault=fault, env_index=int(env), at=int(at), record=record)))
+    return config
+
+
+def _with_faulty_connector(user, settings, env=None, spaces=None, device=None):
+    pieces = []
+    if user is not None:
+        got = user(env, spaces, device)
+        pieces = list(got) if isinstance(got, (list, tuple)) else [got]
+    return pieces + [_faulty_connector_class()(**settings)]
+
+
+# ---------------------------------------------------------------- stepledger check --trainer rllib
+
+def _ppo_config(env_id, max_episode_steps, runners, envs, batch, seed):
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    env_config = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    return (PPOConfig()
+            .environment(env_id, env_config=env_config)
+            .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs,
+                         num_cpus_per_env_runner=0.25 if runners else 1)
+            .training(train_batch_size_per_learner=batch, minibatch_size=min(batch, 128), num_epochs=1)
+            .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))
+            .debugging(seed=seed, log_level="ERROR"))
+
+
+def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1, batch=400, at=5, target=None,
+                max_episode_steps=20, place="wrapper", seed=0, directory=None, keep=False, progress=None):
+    """``check_boundary`` on RLlib: short PPO runs of ``env_id`` (one clean, one per fault) on env runners with
+    both ledgers in, each fault injected by ``inject`` at env ``target`` (default: the last one); returns a
+    ``stepledger.check.CheckReport``. Starts a local Ray (``ray.init()``) unless one is running, and shuts
+    down what it started."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from .check import CheckReport, FaultResult, _clean_steps, _no_opportunity
+    from .compare import compare
+    from .faults import read_record
+
+    allowed = ENV_SIDE_FAULTS if place == "wrapper" else CONNECTOR_FAULTS
+    faults = [check_fault(f, allowed, "check_rllib") for f in faults]
+    n_envs = envs * max(runners, 1)
+    target = n_envs - 1 if target is None else int(target)
+    if not 0 <= target < n_envs:
+        raise ValueError("check_rllib: target must be an env index below %d (runners x envs), got %r"
+                         % (n_envs, target))
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    made = directory is None
+    directory = directory or tempfile.mkdtemp(prefix="stepledger-check-rllib-")
+
+    def one(sub, fault):
+        config = instrument(_ppo_config(env_id, max_episode_steps, runners, envs, batch, seed), sub)
+        record = os.path.join(sub, "fault.json")
+        if fault is not None:
+            inject(config, fault, env=target, at=at, record=record, place=place)
+        algo = config.build_algo()
+        try:
+            for _ in range(iterations):
+                algo.train()
+        finally:
+            algo.stop()
+        return compare(sub, storage.join(sub, TRAINER_FILE)), read_record(record) if fault else None
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clean_dir = os.path.join(directory, "clean")
+            clean, _ = one(clean_dir, None)
+            term, trunc = _clean_steps(clean_dir, target)
+            if progress is not None:
+                progress(1, len(faults) + 1)
+            results = []
+            for k, fault in enumerate(faults):
+                report, injected = one(os.path.join(directory, fault.replace(":", "_")), fault)
+                diff = report.by_env().get(injected["env"]) if injected else None
+                reason = needs = None
+                if injected is None:
+                    reason, needs = _no_opportunity(fault, term, trunc, at, target, lambda: max_episode_steps)
+                    needs = None  # RLlib runs are sized in iterations, not vector steps
+                results.append(FaultResult(fault, injected, diff, reason, needs))
+                if progress is not None:
+                    progress(k + 2, len(faults) + 1)
+    except BaseException:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+    out = CheckReport(clean, results, directory)
+    if made and out.ok and not keep:
+        shutil.rmtree(directory, ignore_errors=True)
+        out.directory = None
+    return out

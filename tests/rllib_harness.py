@@ -1,0 +1,104 @@
+"""One short RLlib PPO run with the ledgers in, as a subprocess of tests/test_rllib.py (so that each run has a
+timeout and a run can be killed).
+
+    python tests/rllib_harness.py SPEC_JSON    (a spec, or a list of them: one Ray session, run in turn)
+
+SPEC keys: path (the ledgers), env ("CartPole-v1" | "Pendulum-v1"), runners, envs (per runner), learners,
+iterations, batch (train_batch_size_per_learner), end ("stop": algo.stop() then ray.shutdown(); "shutdown":
+ray.shutdown() alone, which kills the runners' actors with no close()), flush_interval,
+evaluation (evaluation runners, 0: none), recreate (SIGKILL that runner's process after the iterations and train on until RLlib has it back),
+fault (a dict for stepledger.rllib.inject), algo ("PPO" or "DQN"), placement, seed. It prints one JSON line: a list of what each run did.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import ray
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+import stepledger.rllib
+
+
+def config_for(spec):
+    runners, envs = spec.get("runners", 2), spec.get("envs", 2)
+    learners = spec.get("learners", 0)
+    batch = spec.get("batch", 200)
+    if spec.get("algo") == "DQN":  # a replay buffer between the runners and the learner
+        from ray.rllib.algorithms.dqn import DQNConfig
+        return (DQNConfig().environment(spec.get("env", "CartPole-v1"))
+                .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs, num_cpus_per_env_runner=0.25,
+                             rollout_fragment_length=50)
+                .training(train_batch_size_per_learner=32, num_steps_sampled_before_learning_starts=100)
+                .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))
+                .debugging(seed=spec.get("seed", 0), log_level="ERROR"))
+    config = (PPOConfig()
+              .environment(spec.get("env", "CartPole-v1"))
+              .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs,
+                           num_cpus_per_env_runner=0.25 if runners else 1)
+              .learners(num_learners=learners, num_cpus_per_learner=0.25 if learners else 1)
+              .training(train_batch_size_per_learner=batch, minibatch_size=min(batch, 100), num_epochs=1)
+              .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))
+              .debugging(seed=spec.get("seed", 0), log_level="ERROR")
+              .reporting(metrics_num_episodes_for_smoothing=1))
+    if spec.get("evaluation"):
+        config = config.evaluation(evaluation_interval=1, evaluation_num_env_runners=spec["evaluation"],
+                                   evaluation_duration=2, evaluation_duration_unit="episodes")
+    if spec.get("recreate"):
+        config = config.fault_tolerance(restart_failed_env_runners=True)
+    return config
+
+
+def run_one(spec):
+    out = {"iterations": 0}
+    config = config_for(spec)
+    config = stepledger.rllib.instrument(config, spec["path"], flush_interval=spec.get("flush_interval"),
+                                         placement=spec.get("placement", "auto"))
+    if spec.get("fault"):
+        config = stepledger.rllib.inject(config, **spec["fault"])
+    algo = config.build_algo()
+    pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
+                                                          local_env_runner=False))
+    out["runner_pids"] = pids
+    for _ in range(spec.get("iterations", 1)):
+        result = algo.train()
+        out["iterations"] += 1
+    if spec.get("recreate"):
+        # SIGKILL to one runner's process: RLlib's fault tolerance has Ray restart its actor; train on
+        # until the restarted runner has sampled in two iterations
+        os.kill(pids[spec["recreate"]], signal.SIGKILL)
+        deadline, back = time.monotonic() + 180, 0
+        while back < 2 and time.monotonic() < deadline:
+            result = algo.train()
+            out["iterations"] += 1
+            healthy = algo.env_runner_group.num_healthy_remote_workers()
+            back = back + 1 if healthy == spec.get("runners", 2) else 0
+        out["runner_pids_after"] = dict(algo.env_runner_group.foreach_env_runner(
+            lambda r: (r.worker_index, os.getpid()), local_env_runner=False))
+    out["env_steps"] = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+    if spec.get("end", "stop") == "stop":
+        algo.stop()
+    else:
+        ray.shutdown()  # no algo.stop(): the runners' actors are killed
+    return out
+
+
+def main():
+    specs = json.loads(sys.argv[1])
+    specs = [specs] if isinstance(specs, dict) else specs
+    assert all(s.get("end", "stop") == "stop" for s in specs[:-1]), "only the last run may end by shutdown"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    outs = []
+    try:
+        for spec in specs:
+            outs.append(run_one(spec))
+    finally:
+        ray.shutdown()
+    print(json.dumps(outs), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""stepledger.rllib on a real local Ray cluster (``ray.init(num_cpus=2)``): short PPO runs, each in a subprocess
+(tests/rllib_harness.py) with a timeout and ``ray.shutdown()`` always.
+
+These run in their own venv (Ray 2.60 pins gymnasium 1.2.2): tests/test_rllib_venv.py builds it and runs this
+file there. Elsewhere they skip with that reason.
+"""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/test_rllib_venv.py runs these "
+                                        "tests in a venv of their own")
+
+from stepledger import compare, read  # noqa: E402
+from stepledger.check import is_located  # noqa: E402
+from stepledger.faults import read_record  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+HARNESS = os.path.join(TESTS, "rllib_harness.py")
+
+
+def run(specs, timeout=420, env=None):
+    """The harness in a subprocess (one Ray session for the list of runs); returns what each run did."""
+    environ = dict(env or os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, TESTS, environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, HARNESS, json.dumps(specs)], capture_output=True, text=True,
+                          timeout=timeout, env=environ, cwd=TESTS)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+def env_indices(directory):
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(directory, "env-*.npz"))]
+    return sorted(int(re.match(r"env-(\d+)\.npz$", n).group(1)) for n in names if re.match(r"env-\d+\.npz$", n))
+
+
+def trainer_streams(path):
+    """The envs the trainer ledger has events of (it keeps empty streams for runners RLlib may recreate)."""
+    with read(path) as ledger:
+        return sorted(i for i, s in ledger.streams.items() if len(s))
+
+
+CLEAN = [("CartPole-v1", 0), ("Pendulum-v1", 2)]
+
+
+@pytest.fixture(scope="module")
+def clean_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("clean")
+    specs = [{"path": str(base / ("%s-%d" % (env_id, learners))), "env": env_id, "runners": 2, "envs": 2,
+              "learners": learners, "iterations": 2} for env_id, learners in CLEAN]
+    # DQN: a replay buffer between the runners and the learner, so the trainer side records on each runner
+    specs.append({"path": str(base / "dqn"), "algo": "DQN", "env": "CartPole-v1", "runners": 2, "envs": 2,
+                  "iterations": 2})
+    # and last in the same Ray session, a run ended by ray.shutdown() alone
+    specs.append({"path": str(base / "shutdown"), "env": "CartPole-v1", "runners": 2, "envs": 2, "iterations": 3,
+                  "end": "shutdown", "flush_interval": 0.2})
+    return dict(zip(CLEAN + ["dqn", "shutdown"], zip(specs, run(specs, timeout=600))))
+
+
+@pytest.mark.parametrize("env_id,learners", CLEAN)
+def test_clean_run_compares_clean_with_exactly_the_expected_env_files(clean_runs, env_id, learners):
+    spec, out = clean_runs[(env_id, learners)]
+    d = spec["path"]
+    assert out["iterations"] == 2
+    assert env_indices(d) == [0, 1, 2, 3]
+    trainer = os.path.join(d, "trainer.npz")
+    assert trainer_streams(trainer) == [0, 1, 2, 3]
+    report = compare(d, trainer)
+    assert report.ok, str(report)
+    assert sorted(report.envs) == [0, 1, 2, 3]
+    with read(trainer) as ledger:
+        steps = sum(int((s.columns["kind"][:] == 1).sum()) for s in ledger.streams.values())
+    assert steps == out["env_steps"]  # PPO trains on every step sampled, each recorded once
+
+
+FAULTS = [("wrapper", "obs:f16", "CartPole-v1"), ("connector", "obs:f16", "CartPole-v1"),
+          ("connector", "reward:f16", "Pendulum-v1"), ("connector", "terminated:spurious", "CartPole-v1")]
+
+
+@pytest.fixture(scope="module")
+def fault_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("faults")
+    specs = []
+    for place, fault, env_id in FAULTS:
+        d = base / ("%s-%s" % (place, fault.replace(":", "_")))
+        specs.append({"path": str(d), "env": env_id, "runners": 2, "envs": 2, "iterations": 1,
+                      "fault": {"fault": fault, "env": 3, "at": 20, "record": str(d / "fault.json"), "place": place}})
+    run(specs, timeout=600)
+    return {f: s for f, s in zip(FAULTS, specs)}
+
+
+@pytest.mark.parametrize("place,fault,env_id", FAULTS)
+def test_each_injected_fault_is_located_at_its_recorded_env_episode_step_and_field(fault_runs, place, fault, env_id):
+    spec = fault_runs[(place, fault, env_id)]
+    d = spec["path"]
+    injected = read_record(spec["fault"]["record"])
+    assert injected is not None and injected["env"] == 3 and injected["fault"] == fault, injected
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert [x.env for x in report.differences] == [3], str(report)
+    assert is_located(report.differences[0], injected), (str(report), injected)
+
+
+def test_off_policy_runs_record_the_trainer_side_on_each_runner_and_compare_clean(clean_runs):
+    spec, out = clean_runs["dqn"]
+    d = spec["path"]
+    assert env_indices(d) == [0, 1, 2, 3]
+    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "trainer*.npz")))
+    assert files == ["trainer-runner-0.npz", "trainer-runner-2.npz"]  # each runner's, named by its first env
+    assert trainer_streams(os.path.join(d, "trainer-runner-0.npz")) == [0, 1]
+    assert trainer_streams(os.path.join(d, "trainer-runner-2.npz")) == [2, 3]
+    report = compare(d, os.path.join(d, "trainer-runner-*.npz"))
+    assert report.ok, str(report)
+    assert sorted(report.envs) == [0, 1, 2, 3]
+
+
+def test_a_run_stopped_by_shutdown_alone_leaves_env_ledgers_up_to_the_last_flush_and_no_difference(clean_runs):
+    # ray.shutdown() without algo.stop() kills the runners' actors: no close(), no atexit. The spills made
+    # every flush_interval (and at the end of each sample() past one) are what is left, and the streams that
+    # end at different points in a run that ended so are not a difference.
+    spec, out = clean_runs["shutdown"]
+    d = spec["path"]
+    assert out["iterations"] == 3
+    assert not glob.glob(os.path.join(d, "env-*.npz")), "no env ledger was closed, so none is final"
+    assert sorted(glob.glob(os.path.join(d, "env-*.npz.spill", "seg-*.npz")))
+    with read(d) as ledger:
+        assert sorted(ledger.streams) == [0, 1, 2, 3]
+        assert all(len(s.columns["kind"][:]) > 0 for s in ledger.streams.values())
+        states = {s.meta.get("state") for s in ledger.streams.values()}
+    assert states == {"open"}
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
+    assert any("not closed" in line for line in report.notes), report.notes
+
+
+def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indices(tmp_path):
+    d = str(tmp_path / "run")
+    (out,) = run({"path": d, "env": "CartPole-v1", "runners": 2, "envs": 2, "iterations": 1, "evaluation": 1,
+                  "recreate": 2, "flush_interval": 0.2}, timeout=600)
+    assert out["runner_pids_after"]["2"] != out["runner_pids"]["2"], out  # RLlib brought runner 2 back
+    # runner 2's first envs (2 and 3) end where its process died; the recreated one records as envs 4 and 5;
+    # the evaluation runner's envs write nothing (their episodes reach no learner)
+    assert env_indices(d) == [0, 1, 4, 5]
+    assert sorted(glob.glob(os.path.join(d, "env-*.npz.spill"))) == [os.path.join(d, "env-%d.npz.spill" % i)
+                                                                      for i in (2, 3)]
+    assert not glob.glob(os.path.join(d, "*unindexed*")) and not glob.glob(os.path.join(d, "*.dup-*"))
+    assert trainer_streams(os.path.join(d, "trainer.npz")) == [0, 1, 2, 3, 4, 5]
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
+    assert sorted(report.envs) == [0, 1, 2, 3, 4, 5]
+
+
+def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_there(tmp_path, monkeypatch):
+    pytest.importorskip("s3fs")
+    import s3server
+    try:
+        server = s3server.S3Server()
+    except s3server.NoServer as exc:
+        pytest.skip("no S3-compatible server on loopback: %s" % exc)
+    server.start()
+    try:
+        server.configure(monkeypatch)
+        monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
+        bucket = "rllib-" + uuid.uuid4().hex[:10]
+        server.make_bucket(bucket)
+        url = "s3://%s/run-17" % bucket
+        # the runners are Ray workers started by the driver's local cluster: they get the driver's environment,
+        # as a cluster's nodes would have their own credentials
+        run({"path": url, "env": "Pendulum-v1", "runners": 2, "envs": 2, "learners": 0, "iterations": 1},
+            env=dict(os.environ))
+        fs = server.filesystem()
+        names = sorted(os.path.basename(p) for p in fs.ls("%s/run-17" % bucket))
+        assert names == ["env-0.npz", "env-1.npz", "env-2.npz", "env-3.npz", "trainer.npz"], names
+        assert not os.path.exists(tmp_path / "unpublished") or not os.listdir(tmp_path / "unpublished")
+        report = compare(url, url + "/trainer.npz")
+        assert report.ok, str(report)
+        assert sorted(report.envs) == [0, 1, 2, 3]
+        from stepledger.cli import main
+        assert main(["compare", url, url + "/trainer.npz"]) == 0
+    finally:
+        server.close()
+
+
+def test_stepledger_check_runs_on_rllib(tmp_path):
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-m", "stepledger", "check", "CartPole-v1", "--trainer", "rllib",
+                           "--runners", "1", "--num-envs", "2", "--faults", "obs:f16",
+                           "--dir", str(tmp_path / "check")], capture_output=True, text=True, timeout=600,
+                          env=environ, cwd=str(tmp_path))
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "clean run: no difference" in out
+    assert re.search(r"obs:f16\s+caught and located\s+\(injected at env 1, episode \d+, step \d+\)", out), out
+
+
+def _rllib_blocks():
+    out = []
+    for page in ["README.md"] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))):
+        with open(os.path.join(ROOT, page)) as f:
+            out += re.findall(r"```python rllib\n(.*?)```", f.read(), flags=re.S)
+    return out
+
+
+def test_the_readme_rllib_quickstart_runs_as_printed(tmp_path):
+    blocks = _rllib_blocks()
+    assert blocks and "stepledger.rllib.instrument" in blocks[0]
+    script = tmp_path / "quickstart.py"
+    script.write_text(blocks[0])
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=420, env=environ,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0 of 4 envs differ", proc.stdout
+    cmd = subprocess.run([sys.executable, "-m", "stepledger", "compare", "ledger", "ledger/trainer.npz"],
+                         capture_output=True, text=True, timeout=120, env=environ, cwd=str(tmp_path))
+    assert cmd.returncode == 0 and cmd.stdout.strip() == "0 of 4 envs differ", cmd.stdout + cmd.stderr
