@@ -84,6 +84,7 @@ META_PID = "pid"            # the writer's process id
 META_POSITION = "position"  # env side: its position in the trainer's vector env, as the trainer told it
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
+META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-agent env ledger
 PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
                  META_POSITION, META_SEGMENT, META_THROUGH)
 
@@ -170,6 +171,8 @@ META_KEYS = (
     MetaKey(META_PID, "int", required=(), minimum=0),
     MetaKey(META_POSITION, "int", required=(), minimum=0),
     MetaKey(META_THROUGH, "int", required=(), minimum=0),
+    # multi-agent env side: the agent of each stream, in stream order (stepledger.pettingzoo)
+    MetaKey(META_POSSIBLE_AGENTS, "strings", required=()),
 )
 META = {key.name: key for key in META_KEYS}
 
@@ -215,6 +218,7 @@ _TYPE_CHECKS = {
     "number": (lambda x: _is_number(x) and not isinstance(x, bool), "a number"),
     "object": (lambda x: isinstance(x, dict), "an object"),
     "space": (lambda x: isinstance(x, dict), "a space description (an object)"),
+    "strings": (lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x), "a list of strings"),
     "any": (lambda x: True, "any JSON value"),
 }
 META_TYPES = tuple(_TYPE_CHECKS)

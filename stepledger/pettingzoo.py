@@ -1,0 +1,245 @@
+"""The env side for PettingZoo parallel envs: ``LedgerParallelEnv``, one stream an agent.
+
+Needs the ``[pettingzoo]`` extra: ``pip install "plugrl-stepledger[pettingzoo]"``.
+
+``LedgerParallelEnv(par_env, directory, index)`` wraps the raw parallel env,
+innermost, before any SuperSuit wrapper, in the env's own process. It records
+each agent's events as ``LedgerEnv`` records an env's: the reset observation,
+then per step the action the agent was sent, its observation, reward and end
+flags. Agent ``k`` of ``possible_agents`` in env copy ``index`` is stream
+``index * len(possible_agents) + k``: the vector slot SuperSuit gives it
+(``pettingzoo_env_to_vec_env_v1`` + ``concat_vec_envs_v1``), so that the
+trainer side (``stepledger.sb3.LedgerVecEnv`` around SuperSuit's VecEnv) and
+compare pair each agent's two records. An agent that leaves has its last
+event with its end flag and no events after it; one that joins later starts
+with its first observation, recorded as a reset. The ledger file is
+``directory/env-{index}.npz``, with ``possible_agents`` in its meta.
+"""
+
+import os
+import warnings
+
+import numpy as np
+
+try:
+    from pettingzoo.utils import BaseParallelWrapper
+except ImportError as exc:  # pragma: no cover - exercised in a venv without PettingZoo
+    raise ImportError("stepledger.pettingzoo needs PettingZoo: pip install \"plugrl-stepledger[pettingzoo]\" "
+                      "(or pip install pettingzoo)") from exc
+
+from . import _schema as S
+from . import core
+from . import storage
+from .errors import LedgerError
+from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
+from .recording import flush_interval as resolve_flush_interval
+from .spaces import LeafLayout
+
+__all__ = ["LedgerParallelEnv", "agent_streams", "index_supersuit_copies"]
+
+
+def agent_streams(index, possible_agents):
+    """{agent: stream id} of env copy ``index``: SuperSuit's vector slot of each agent."""
+    n = len(possible_agents)
+    return {agent: index * n + k for k, agent in enumerate(possible_agents)}
+
+
+def _one_space(env, kind, agents):
+    """The space every agent shares (``kind`` is "observation" or "action"); a one-line error otherwise."""
+    spaces = [getattr(env, kind + "_space")(agent) for agent in agents]
+    for agent, space in zip(agents, spaces):
+        if space != spaces[0]:
+            raise LedgerError("LedgerParallelEnv: agents %r and %r have different %s spaces (%s, %s): a ledger "
+                              "records one space for all agents; pad them to one first (SuperSuit's "
+                              "pad_observations_v0 / pad_action_space_v0), as SuperSuit's vector envs need anyway"
+                              % (agents[0], agent, kind, spaces[0], space))
+    return spaces[0]
+
+
+class LedgerParallelEnv(BaseParallelWrapper):
+    """Records what each agent of a PettingZoo parallel env took and gave.
+
+    Example::
+
+        >>> from mpe2 import simple_spread_v3
+        >>> from stepledger.pettingzoo import LedgerParallelEnv
+        >>> env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3), "ledger", index=0)
+        >>> obs, infos = env.reset(seed=0)
+        >>> obs, rewards, terms, truncs, infos = env.step({a: env.action_space(a).sample() for a in env.agents})
+        >>> env.close()  # writes ledger/env-0.npz: streams 0, 1, 2 for agent_0, agent_1, agent_2
+
+    Args:
+        env: the parallel env (``possible_agents`` must be set; every agent of
+            one observation space and one action space).
+        directory: where ``env-{index}.npz`` is written: a path, or an fsspec URL.
+        index: the env copy's position in the trainer's vector env (SuperSuit's
+            copy number); or None, and ``set_index(i)`` before the first reset.
+        reward_dtype, keep_values, flush_interval: as for ``LedgerEnv``; the
+            same on both sides.
+    """
+
+    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+        super().__init__(env)
+        agents = list(getattr(env, "possible_agents", None) or [])
+        if not agents:
+            raise LedgerError("LedgerParallelEnv: the env has no possible_agents; wrap the raw PettingZoo "
+                              "parallel env (its possible_agents lists every agent that can take part)")
+        directory = check_path(directory, "LedgerParallelEnv", "directory")
+        if not storage.is_remote(directory):
+            if os.path.splitext(directory)[1].lower() == ".npz" and not os.path.isdir(directory):
+                raise LedgerError("LedgerParallelEnv: directory %r looks like a ledger file; give the directory "
+                                  "the env ledgers go to" % (directory,))
+            check_directory(directory, "LedgerParallelEnv")
+        self._agents = agents
+        self._dtype = check_reward_dtype(reward_dtype, "LedgerParallelEnv")
+        self._interval = resolve_flush_interval(flush_interval, "LedgerParallelEnv")
+        self._obs_layout = LeafLayout(_one_space(env, "observation", agents), "LedgerParallelEnv: observation space")
+        self._act_layout = LeafLayout(_one_space(env, "action", agents), "LedgerParallelEnv: action space")
+        self._directory = directory
+        self._keep_values = bool(keep_values)
+        self._recording = None
+        self._recorders = None  # {agent: core.EventRecorder}
+        self._in_play = set()   # agents whose episode is under way (reset and not ended)
+        self.index = None
+        if index is not None:
+            self.set_index(index)
+
+    # ------------------------------------------------------------------ the index
+
+    def set_index(self, index):
+        """Give this env copy its index (its position in the trainer's vector env), before its first reset."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+            raise ValueError("LedgerParallelEnv: index must be a non-negative integer, got %r" % (index,))
+        index = int(index)
+        if self._recording is not None:
+            if index == self.index:
+                return
+            raise LedgerError("LedgerParallelEnv: this env copy is index %d already; it cannot become %d"
+                              % (self.index, index))
+        path = storage.join(self._directory, "env-%d.npz" % index)
+        streams = agent_streams(index, self._agents)
+        self._recording = rec = Recording(
+            path, "env", [streams[a] for a in self._agents], self._obs_layout, self._act_layout, self._dtype,
+            self._keep_values, {S.META_POSSIBLE_AGENTS: list(self._agents)}, self._interval, "LedgerParallelEnv")
+        is_f32 = self._dtype == np.float32
+        self._recorders = {
+            agent: core.EventRecorder(rec.buffers[k], self._obs_layout, self._act_layout, is_f32,
+                                      rec.values[k].append if self._keep_values else None)
+            for k, agent in enumerate(self._agents)}
+        self.index = index
+
+    @property
+    def ledger_path(self):
+        """Where the ledger is written (None until the index is given)."""
+        return None if self._recording is None else self._recording.path
+
+    def _recorder(self):
+        if self._recorders is None:
+            raise LedgerError("LedgerParallelEnv: no index: give index= or call set_index(i) before the first "
+                              "reset (i: the env copy's position in the trainer's vector env)")
+        return self._recorders
+
+    # ------------------------------------------------------------------ events
+
+    def reset(self, seed=None, options=None):
+        recorders = self._recorder()
+        try:
+            obs, infos = self.env.reset(seed=seed, options=options)
+        except BaseException:
+            self._recording.interrupted = True
+            raise
+        over = False
+        self._in_play = set()
+        for agent, value in obs.items():
+            rec = recorders.get(agent)
+            if rec is None:
+                self._unknown(agent)
+                continue
+            over |= rec.reset(value)
+            self._in_play.add(agent)
+        if over:
+            attend()
+        return obs, infos
+
+    def step(self, actions):
+        recorders = self._recorder()
+        # Each agent's action is noted as sent, before the env (which may change arrays in place) sees it.
+        acting = []
+        for agent, action in actions.items():
+            rec = recorders.get(agent)
+            if rec is not None and agent in self._in_play:
+                rec.take_action(action)
+                acting.append(agent)
+        try:
+            obs, rewards, terminations, truncations, infos = self.env.step(actions)
+        except BaseException:
+            self._recording.interrupted = True
+            raise
+        over = False
+        for agent in acting:
+            te, tr = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
+            over |= recorders[agent].step_taken(obs.get(agent), rewards.get(agent, 0.0), te, tr)
+            if te or tr:
+                self._in_play.discard(agent)
+        for agent, value in obs.items():  # an agent that joined: its first observation
+            if agent not in self._in_play and agent not in acting:
+                rec = recorders.get(agent)
+                if rec is None:
+                    self._unknown(agent)
+                    continue
+                over |= rec.reset(value)
+                self._in_play.add(agent)
+        if over:
+            attend()
+        return obs, rewards, terminations, truncations, infos
+
+    def _unknown(self, agent):
+        warnings.warn("LedgerParallelEnv: agent %r is not in possible_agents %r; its events are not recorded"
+                      % (agent, self._agents), RuntimeWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ writing
+
+    def flush(self):
+        """Write what is new in the ledger (a spill segment); recording goes on."""
+        if self._recording is not None:
+            self._recording.flush()
+
+    def close(self):
+        """Write the ledger file, then close the env."""
+        try:
+            if self._recording is not None:
+                self._recording.close()
+        finally:
+            self.env.close()
+
+
+def index_supersuit_copies(venv):
+    """Give each env copy of a SuperSuit vector env its index: copy c's LedgerParallelEnv gets c.
+
+    ``concat_vec_envs_v1`` builds every copy from one env (a pickled copy of
+    it), so an index given at construction would be the same in all of them:
+    build ``LedgerParallelEnv(par_env, directory)`` without one and call this
+    on the vector env before its first reset. In-process copies only
+    (``num_cpus=0`` or 1); returns the number of copies indexed.
+    """
+    inner = venv
+    for _ in range(8):  # SuperSuit's SB3 or Gymnasium wrapper around its ConcatVecEnv
+        if hasattr(inner, "vec_envs"):
+            break
+        inner = getattr(inner, "venv", None)
+        if inner is None:
+            break
+    copies = getattr(inner, "vec_envs", None)
+    if copies is None:
+        raise LedgerError("index_supersuit_copies: %s holds no in-process env copies (SuperSuit's ConcatVecEnv): "
+                          "with num_cpus > 1 the copies live in worker processes; give each its index there"
+                          % type(venv).__name__)
+    for c, copy in enumerate(copies):
+        env = getattr(copy, "par_env", None)
+        while env is not None and not isinstance(env, LedgerParallelEnv):
+            env = env.__dict__.get("env")
+        if env is None:
+            raise LedgerError("index_supersuit_copies: env copy %d has no LedgerParallelEnv in it (wrap the raw "
+                              "parallel env, before any SuperSuit wrapper)" % c)
+        env.set_index(c)
+    return len(copies)

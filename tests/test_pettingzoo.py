@@ -1,0 +1,142 @@
+"""The multi-agent env side: LedgerParallelEnv around PettingZoo parallel envs, with SuperSuit's vector envs
+and the SB3 trainer side (issue 19, first part)."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+ss = pytest.importorskip("supersuit")
+simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+
+from gymnasium import spaces  # noqa: E402
+from pettingzoo import ParallelEnv  # noqa: E402
+
+from stepledger import LedgerError, _schema as S, compare, read  # noqa: E402
+from stepledger.pettingzoo import LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402
+from stepledger.sb3 import LedgerVecEnv  # noqa: E402
+
+
+def supersuit_run(d, max_cycles, steps, copies=2, continuous=False):
+    env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles,
+                                                          continuous_actions=continuous), d)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), copies, num_cpus=0,
+                                 base_class="stable_baselines3")
+    assert index_supersuit_copies(venv) == copies
+    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+    venv.reset()
+    space = venv.action_space
+    space.seed(0)
+    for _ in range(steps):
+        venv.step(np.array([space.sample() for _ in range(venv.num_envs)]))
+    venv.close()
+    return compare(d, os.path.join(d, "trainer.npz"))
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_supersuit_sb3_compares_clean_within_an_episode(tmp_path, continuous):
+    report = supersuit_run(str(tmp_path), max_cycles=25, steps=12, continuous=continuous)
+    assert report.ok, report.lines()
+    assert len(report.envs) == 6  # 2 copies x 3 agents: one stream each
+    for c in range(2):
+        with read(str(tmp_path / ("env-%d.npz" % c))) as led:
+            assert sorted(led.streams) == [3 * c, 3 * c + 1, 3 * c + 2]
+            assert led.meta[S.META_POSSIBLE_AGENTS] == ["agent_0", "agent_1", "agent_2"]
+            assert all(len(led.streams[s]) == 13 for s in led.streams)  # the reset and 12 steps
+
+
+def test_supersuit_sb3_turns_every_truncation_into_a_termination(tmp_path):
+    """SuperSuit's SB3 wrapper never sets TimeLimit.truncated (PettingZoo issue 1126): at the time limit
+    (max_cycles=5) every agent's trainer stream has terminated where the env gave truncated."""
+    report = supersuit_run(str(tmp_path), max_cycles=5, steps=12)
+    assert sorted(d.env for d in report.differences) == list(range(6))
+    for diff in report.differences:
+        assert (diff.episode, diff.step, diff.fields) == (0, 5, ("terminated", "truncated")), report.lines()
+
+
+def test_streams_are_supersuits_vector_slots():
+    assert agent_streams(2, ["a", "b", "c"]) == {"a": 6, "b": 7, "c": 8}
+
+
+class LeavingEnv(ParallelEnv):
+    """Two agents; agent_1 terminates after 2 steps, agent_0 is truncated after 4; agent_2 joins at step 1."""
+    metadata = {"name": "leaving_v0"}
+
+    def __init__(self):
+        self.possible_agents = ["agent_0", "agent_1", "agent_2"]
+        self._space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def observation_space(self, agent):
+        return self._space
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, agent):
+        return np.array([self.possible_agents.index(agent), self.t], np.float32) / 10
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = ["agent_0", "agent_1"]
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        live = list(self.agents)
+        terms = {a: a == "agent_1" and self.t == 2 for a in live}
+        truncs = {a: a == "agent_0" and self.t == 4 for a in live}
+        if self.t == 1:
+            live.append("agent_2")  # joins: its first observation comes with this step
+            terms["agent_2"] = truncs["agent_2"] = False
+        obs = {a: self._obs(a) for a in live}
+        rewards = {a: float(actions.get(a, 0)) for a in live}
+        self.agents = [a for a in live if not terms[a] and not truncs[a]]
+        return obs, rewards, terms, truncs, {a: {} for a in live}
+
+
+def test_agents_that_leave_and_join(tmp_path):
+    env = LedgerParallelEnv(LeavingEnv(), str(tmp_path), index=1)
+    env.reset()
+    for _ in range(4):
+        env.step({a: 1 for a in env.agents})
+    env.close()
+    with read(env.ledger_path) as led:
+        kinds = {s: led.streams[s].columns["kind"].tolist() for s in led.streams}
+        ends = {s: (led.streams[s].columns["terminated"].tolist(), led.streams[s].columns["truncated"].tolist())
+                for s in led.streams}
+    assert kinds[3] == [0, 1, 1, 1, 1]            # agent_0: reset, 4 steps, truncated at the last
+    assert ends[3][1] == [False, False, False, False, True]
+    assert kinds[4] == [0, 1, 1]                  # agent_1: reset, 2 steps, terminated, nothing after
+    assert ends[4][0] == [False, False, True]
+    assert kinds[5] == [0, 1, 1, 1]               # agent_2: joined with its first obs (a reset), then stepped
+
+
+def test_no_index_is_refused_at_the_first_reset(tmp_path):
+    env = LedgerParallelEnv(LeavingEnv(), str(tmp_path))
+    with pytest.raises(LedgerError, match="no index: give index= or call set_index"):
+        env.reset()
+    env.set_index(0)
+    env.set_index(0)  # the same again: nothing
+    with pytest.raises(LedgerError, match="index 0 already; it cannot become 1"):
+        env.set_index(1)
+    env.close()
+
+
+def test_agents_of_different_spaces_are_refused(tmp_path):
+    from mpe2 import simple_adversary_v3
+    with pytest.raises(LedgerError, match="have different observation spaces.*pad_observations_v0"):
+        LedgerParallelEnv(simple_adversary_v3.parallel_env(), str(tmp_path), index=0)
+
+
+def test_a_directory_that_looks_like_a_file_is_refused(tmp_path):
+    with pytest.raises(LedgerError, match="looks like a ledger file"):
+        LedgerParallelEnv(LeavingEnv(), str(tmp_path / "env-0.npz"), index=0)
+
+
+def test_index_supersuit_copies_refuses_without_ledgers(tmp_path):
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(simple_spread_v3.parallel_env(N=2)), 2,
+                                 num_cpus=0, base_class="stable_baselines3")
+    with pytest.raises(LedgerError, match="env copy 0 has no LedgerParallelEnv"):
+        index_supersuit_copies(venv)
+    venv.close()
