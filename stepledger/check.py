@@ -19,7 +19,7 @@ import numpy as np
 from . import wording
 from .compare import compare
 from .env import LedgerEnv
-from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault, read_record, reported_fields
+from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault, needs, read_record, reported_fields
 from .vector import LedgerVectorEnv
 
 VECTORS = ("sync", "async", "subproc", "dummy")
@@ -186,16 +186,6 @@ def _rollout(env_fn, vector, sb3, n_envs, steps, directory, fault, target, at, s
     return compare(directory, trainer_file), (read_record(record) if fault else None)
 
 
-# What each fault needs at a step of the target env (at or after step ``at``) to have an opportunity.
-_NEEDS = {"obs": "step", "action": "any", "reward": "any", "step": "any", "final-obs": "end",
-          "terminated:spurious": "step", "truncated:as-term": "truncation", "truncated:drop": "truncation",
-          "terminated:drop": "termination", "terminated:as-trunc": "termination"}
-
-
-def _need(fault):
-    return _NEEDS.get(fault) or _NEEDS[fault.split(":")[0]]
-
-
 def _clean_steps(directory, target):
     """The target env's steps in the clean run: (ended, terminated, truncated) per step, in order."""
     from .read import read
@@ -212,7 +202,7 @@ def _no_opportunity(fault, term, trunc, at, target, time_limit):
     """
     n = len(term)
     ends = np.flatnonzero(term | trunc)
-    need = _need(fault)
+    need = needs(fault)
 
     def vector_steps(env_steps, episode_len):
         # under NEXT_STEP each episode end before the last step takes one more vector step (the reset)

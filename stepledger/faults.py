@@ -62,6 +62,21 @@ def reported_fields(fault):
     return {"kind", "action", "obs", "reward"}  # step:fill
 
 
+# What a step of the env must be for each fault to have an opportunity there: the engine strikes only
+# at such a step, and check_boundary says which kind of step a rollout lacked when a fault found none.
+_NEEDS = {"obs": "step", "action": "any", "reward": "any", "step": "any", "final-obs": "end",
+          "terminated:spurious": "step", "truncated:as-term": "truncation", "truncated:drop": "truncation",
+          "terminated:drop": "termination", "terminated:as-trunc": "termination"}
+_MEETS = {"any": lambda te, tr: True, "step": lambda te, tr: not (te or tr), "end": lambda te, tr: te or tr,
+          "termination": lambda te, tr: te, "truncation": lambda te, tr: tr and not te}
+
+
+def needs(fault):
+    """The step a fault needs: "any", "step" (one that does not end its episode), "end", "termination" or
+    "truncation" (a time limit, not also a termination)."""
+    return _NEEDS.get(fault) or _NEEDS[fault.split(":")[0]]
+
+
 def check_fault(fault, allowed=FAULTS, where="fault"):
     if fault not in allowed:
         raise ValueError("%s: unknown or unsupported fault %r; choose one of %s" % (where, fault, ", ".join(allowed)))
@@ -325,6 +340,7 @@ class FaultEngine:
                  target_agent=None, allowed=FAULTS, owner="FaultEngine"):
         self.fault = check_fault(fault, allowed, owner)
         self.field, self.way = fault.split(":")
+        self._meets = _MEETS[needs(fault)]
         self.dose = Dose(dose, at, target, seed, target_agent)
         self.where = _Where(record)
         self.action_space = action_space
@@ -401,9 +417,9 @@ class FaultEngine:
         s.open = False
         ended = bool(terminated) or bool(truncated)
         out = None
-        if s.drawn:
+        if s.drawn and self._meets(bool(terminated), bool(truncated)):
             field, way = self.field, self.way
-            if field == ("final-obs" if ended else "obs") and obs is not None:
+            if field in ("obs", "final-obs") and obs is not None:
                 new = changed_value(obs, way, s.prev_obs, other=None if other is None else other[0])
                 out = None if new is None else (new, reward, terminated, truncated)
             elif field == "reward":

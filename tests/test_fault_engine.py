@@ -297,3 +297,25 @@ def test_a_fraction_hits_the_same_cells_under_every_adapter(tmp_path):
         _check(report, struck, fault, adapter)
         firsts[adapter] = {env: (w["episode"], w["step"]) for env, w in struck.items()}
     assert len(firsts["env"]) == N_ENVS and all(f == firsts["env"] for f in firsts.values()), firsts
+
+
+# Which steps each fault may strike, by its true flags, as docs/FAULTS.md states them.
+STRIKES_AT = {"obs": lambda te, tr: not (te or tr), "final-obs": lambda te, tr: te or tr,
+              "reward": lambda te, tr: True, "terminated:spurious": lambda te, tr: not (te or tr),
+              "truncated:as-term": lambda te, tr: tr and not te, "truncated:drop": lambda te, tr: tr and not te,
+              "terminated:drop": lambda te, tr: te, "terminated:as-trunc": lambda te, tr: te}
+
+
+@pytest.mark.parametrize("fault", [f for f in TRAINER_SIDE_FAULTS if not f.startswith("action")])
+def test_engine_strikes_only_a_step_its_fault_can_change(fault):
+    rule = STRIKES_AT.get(fault) or STRIKES_AT[fault.split(":")[0]]
+    for te, tr in ((False, False), (True, False), (False, True), (True, True)):
+        eng = FaultEngine(fault, at=1, target=0)
+        eng.reset(0, np.full(2, 0.3, np.float32))
+        eng.step(0, np.full(2, 0.2, np.float32), 0.7, False, False)  # cell 0: before at
+        out = eng.step(0, np.full(2, 0.1, np.float32), -1.3, te, tr, other=(np.full(2, 0.9, np.float32), 4.1))
+        assert (eng.first is not None) == rule(te, tr), (te, tr, eng.first)
+        assert (out[0] is not None and not np.array_equal(out[0], np.full(2, 0.1, np.float32))
+                or out[1] != -1.3 or out[2:] != (te, tr)) == rule(te, tr), (te, tr, out)
+        if eng.first is not None:
+            assert (eng.first["episode"], eng.first["step"]) == (0, 2)
