@@ -89,7 +89,9 @@ class LedgeredEnvCreator:
         env = LedgerEnv(self.make_inner(ctx), self.directory, reward_dtype=self.reward_dtype,
                         keep_values=self.keep_values, flush_interval=self.flush_interval)
         if self.fault is not None:
-            env = IndexedFaultyEnv(env, **self.fault)
+            # index=None: it takes LedgerEnv's once that has it (given in on_environment_created)
+            env = FaultyEnv(env, self.fault["fault"], index=None, at=self.fault["at"], target=self.fault["env_index"],
+                            record=self.fault["record"])
         return env
 
 
@@ -460,22 +462,6 @@ def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_
 
 PLACES = ("wrapper", "connector")
 CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious")
-
-
-class IndexedFaultyEnv(FaultyEnv):
-    """``FaultyEnv`` outside ``LedgerEnv`` in an env runner: it learns its env's index when LedgerEnv does."""
-
-    def __init__(self, env, fault, env_index, at=10, record=None):
-        super().__init__(env, fault, index=0, dose="one", at=at, target=env_index, record=record)
-
-    @property
-    def stepledger_index(self):
-        return self.index
-
-    @stepledger_index.setter
-    def stepledger_index(self, index):
-        self.index = int(index)
-        self.env.set_wrapper_attr("stepledger_index", index)
 
 
 def _write_record(path, hit):
