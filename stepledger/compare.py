@@ -45,15 +45,17 @@ class EnvDifference:
         self.raw = {}  # field -> (env leaves, trainer leaves, leaf names), where values were kept
         self.patterns = []  # with count_all: where each field's differences fall (stepledger.wording.pattern)
         self.trainer_file = None  # the trainer file that holds this env's stream, if any
+        self.agents = None  # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
 
     def line(self):
         if self.what == "one_side":
             return wording.one_side_line(self.env, self.side,
-                                         self.env_events if self.side == "env" else self.trainer_events)
+                                         self.env_events if self.side == "env" else self.trainer_events, self.agents)
         if self.what == "length":
-            return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events)
+            return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events,
+                                       self.agents)
         return wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
-                                       self.trainer_values, self.detail)
+                                       self.trainer_values, self.detail, self.agents)
 
     def _json_values(self, values, side):
         """The printed values as JSON values: numbers, booleans, lists of numbers; text where not numeric."""
@@ -93,6 +95,8 @@ class EnvDifference:
             d["patterns"] = list(self.patterns)
         if self.trainer_file is not None:
             d["trainer_file"] = self.trainer_file
+        if self.agents:
+            d["env_copy"], d["agent"] = self.env // len(self.agents), self.agents[self.env % len(self.agents)]
         d["line"] = self.line()
         return d
 
@@ -135,6 +139,9 @@ class Report:
                     out.append(wording.counts_line(d.env, d.counts))
                     out += ["env %d: %s" % (d.env, text) for text in d.patterns]
         out.append(wording.envs_differ(len(self.differences), len(self.envs)))
+        agents = wording.agents_differ(self.differences)
+        if agents:
+            out.append(agents)
         out.extend(self.notes)
         if self.values_hint:
             out.append(wording.VALUES_HINT)
@@ -739,6 +746,9 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         for d in differences:
             d.trainer_file = tr_ledger.source.get(d.env)
+            if d.env in env_ledger.streams:
+                agents = env_ledger.streams[d.env].meta.get(S.META_POSSIBLE_AGENTS)
+                d.agents = agents if isinstance(agents, list) and agents else None
         report = Report(envs, differences, partial, hint, count_all, notes)
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.hints = cause_hints(report, env_ledger, tr_ledger)

@@ -258,9 +258,17 @@ def live_settings(owner, env, text):
 
 # ---------------------------------------------------------------- a differing event
 
-def place(env, episode, step):
+def stream_name(env, agents=None):
+    """How a report names a stream: ``env 3``, or with the agents of a multi-agent env ledger (stream
+    c * n + k is agent k of env copy c, stepledger.pettingzoo) ``env 1, agent agent_0``."""
+    if agents:
+        return "env %d, agent %s" % (env // len(agents), agents[env % len(agents)])
+    return "env %d" % env
+
+
+def place(env, episode, step, agents=None):
     """Where an event is, as every report line names it."""
-    return "env %d, episode %d, step %d" % (env, episode, step)
+    return "%s, episode %d, step %d" % (stream_name(env, agents), episode, step)
 
 
 def kind_text(kind):
@@ -268,7 +276,7 @@ def kind_text(kind):
     return S.KIND_NAMES.get(kind, str(kind))
 
 
-def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None):
+def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None, agents=None):
     """One differing event: its place, the fields that differ and, where known, both sides' values.
 
     ``env_values`` and ``trainer_values`` map a field to its printed value
@@ -278,7 +286,7 @@ def difference_line(env, episode, step, fields, env_values, trainer_values, deta
     detail = detail or {}
     verb = "differs" if len(fields) == 1 else "differ"
     known = [f for f in fields if f in env_values and f in trainer_values]
-    text = "%s: %s %s" % (place(env, episode, step), ", ".join(fields), verb)
+    text = "%s: %s %s" % (place(env, episode, step, agents), ", ".join(fields), verb)
     if known:
         parts = []
         for f in known:
@@ -290,20 +298,21 @@ def difference_line(env, episode, step, fields, env_values, trainer_values, deta
     return text
 
 
-def one_side_line(env, side, events):
+def one_side_line(env, side, events, agents=None):
     """An env recorded on one side only."""
     other = "trainer" if side == "env" else "env"
-    return "env %d: recorded only on the %s side (%d events); the %s ledger has no stream for it" % (
-        env, side, events, other)
+    return "%s: recorded only on the %s side (%d events); the %s ledger has no stream for it" % (
+        stream_name(env, agents), side, events, other)
 
 
-def length_line(env, episode, step, env_events, trainer_events):
+def length_line(env, episode, step, env_events, trainer_events, agents=None):
     """Two streams that agree as far as both go, in a run that ended cleanly: one stops early."""
     shorter = "trainer" if trainer_events < env_events else "env"
     shared = min(env_events, trainer_events)
     where = ("after episode %d, step %d" % (episode, step)) if shared else "before its first event"
-    return ("env %d: the %s stream stops early, %s (env side %d events, trainer side %d); "
-            "the %d events both sides have agree" % (env, shorter, where, env_events, trainer_events, shared))
+    return ("%s: the %s stream stops early, %s (env side %d events, trainer side %d); "
+            "the %d events both sides have agree" % (stream_name(env, agents), shorter, where, env_events,
+                                                     trainer_events, shared))
 
 
 def event_values(fields, ours, theirs, reward_dtype):
@@ -334,6 +343,18 @@ def counts_line(env, counts):
     text = ", ".join("%s %d" % (f, n) for f, n in counts.items() if n)
     return "env %d: events that differ, after and including the first: %s" % (env, text or "none of the compared "
                                                                                            "fields")
+
+
+def agents_differ(differences):
+    """With multi-agent env ledgers: which agents differ, and in which env copies; None otherwise."""
+    where = {}
+    for d in differences:
+        if d.agents:
+            where.setdefault(d.agents[d.env % len(d.agents)], []).append(d.env // len(d.agents))
+    if not where:
+        return None
+    return "agents that differ: " + "; ".join(
+        "%s (env %s)" % (agent, ", ".join(str(c) for c in sorted(set(copies)))) for agent, copies in where.items())
 
 
 def envs_differ(n_differ, n_envs):

@@ -53,6 +53,14 @@ def test_supersuit_sb3_turns_every_truncation_into_a_termination(tmp_path):
     assert sorted(d.env for d in report.differences) == list(range(6))
     for diff in report.differences:
         assert (diff.episode, diff.step, diff.fields) == (0, 5, ("terminated", "truncated")), report.lines()
+    lines = report.lines()
+    # the report names the env copy and the agent of each stream (stream 4 is copy 1's agent_1)
+    assert lines[4].startswith("env 1, agent agent_1, episode 0, step 5: terminated, truncated differ "
+                               "(terminated: env gave False, trainer received True; truncated: env gave True, "
+                               "trainer received False)"), lines
+    assert "agents that differ: agent_0 (env 0, 1); agent_1 (env 0, 1); agent_2 (env 0, 1)" in lines
+    as_json = report.to_dict()["differences"][4]
+    assert (as_json["env"], as_json["env_copy"], as_json["agent"]) == (4, 1, "agent_1")
 
 
 def test_streams_are_supersuits_vector_slots():
