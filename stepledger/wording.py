@@ -121,6 +121,12 @@ TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True 
                    "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put LedgerEnv "
                    "outermost in the worker, after TimeLimit")
 
+TRUNCATION_AS_TERMINATION_HINT = (
+    "hint: truncation arrived as termination: at each of these steps the env truncated the episode and the "
+    "trainer was told it terminated, so a trainer that bootstraps at time limits does not; SB3 reads truncation "
+    "from info['TimeLimit.truncated'], which the vector env must set (SuperSuit's SB3 wrapper never does: "
+    "PettingZoo issue 1126)")
+
 
 # ---------------------------------------------------------------- where the differences fall (--all)
 

@@ -59,6 +59,7 @@ def test_supersuit_sb3_turns_every_truncation_into_a_termination(tmp_path):
                                "(terminated: env gave False, trainer received True; truncated: env gave True, "
                                "trainer received False)"), lines
     assert "agents that differ: agent_0 (env 0, 1); agent_1 (env 0, 1); agent_2 (env 0, 1)" in lines
+    assert lines[-1].startswith("hint: truncation arrived as termination: "), lines
     as_json = report.to_dict()["differences"][4]
     assert (as_json["env"], as_json["env_copy"], as_json["agent"]) == (4, 1, "agent_1")
 
