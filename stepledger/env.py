@@ -26,7 +26,9 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     any other env-side wrapper, as the last thing before the env is handed to
     the vector env, worker or bridge. Everything inside it counts as the
     environment; everything outside as the boundary. ``index`` is the env's
-    position in the trainer's vector env.
+    position in the trainer's vector env; it may be given later, before the
+    first event: ``set_index(i)``, or the trainer-side ledger tells each env
+    its position (docs/INDICES.md).
 
     It returns exactly what the inner env returned and adds nothing to info.
     Each event is digested when it happens, so an env that reuses its arrays,
@@ -50,7 +52,11 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env: the environment to record.
         directory: where the ledger file is written: a path, or an fsspec URL
             (``s3://bucket/run1``, needs the ``remote`` extra; see storage.py).
-        index: the env's index in the trainer's vector env (a non-negative int).
+        index: the env's index in the trainer's vector env (a non-negative int),
+            or None to give it later (``set_index``, ``set_attr("stepledger_index", ...)``
+            per env of a vector env, or the trainer side's link). The first
+            event fixes it; an env with none then records to
+            ``env-unindexed-{random}.npz``, which compare names but does not pair.
         reward_dtype: np.float32 (default) or np.float64; the same on both sides.
         keep_values: also keep the cast observations and actions, so that a
             report can print both sides' values; the same on both sides.

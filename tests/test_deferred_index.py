@@ -151,6 +151,8 @@ def test_call_gives_every_env_the_same_index_and_is_refused_in_one_process(tmp_p
         venv.call("set_index", 0)
     msg = str(info.value)
     assert "\n" not in msg and "index 0 is already given to another LedgerEnv" in msg and "env-0.npz" in msg
+    one.close()
+    venv.close()  # open recordings would stay registered in this process, and be spilled by later tests
 
 
 def test_call_with_one_index_in_two_worker_processes_is_named_by_compare(tmp_path):
