@@ -46,6 +46,7 @@ class EnvDifference:
         self.patterns = []  # with count_all: where each field's differences fall (stepledger.wording.pattern)
         self.trainer_file = None  # the trainer file that holds this env's stream, if any
         self.agents = None  # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
+        self.untold = None  # (the env's end flag, steps the trainer got after it): an end the trainer missed
 
     def line(self):
         if self.what == "one_side":
@@ -54,8 +55,11 @@ class EnvDifference:
         if self.what == "length":
             return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events,
                                        self.agents)
-        return wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
+        line = wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
                                        self.trainer_values, self.detail, self.agents)
+        if self.untold is not None:
+            line += "; " + wording.untold_end(self.env, self.agents, *self.untold)
+        return line
 
     def _json_values(self, values, side):
         """The printed values as JSON values: numbers, booleans, lists of numbers; text where not numeric."""
@@ -95,6 +99,8 @@ class EnvDifference:
             d["patterns"] = list(self.patterns)
         if self.trainer_file is not None:
             d["trainer_file"] = self.trainer_file
+        if self.untold is not None:
+            d["untold_end"], d["steps_never_taken"] = self.untold
         if self.agents:
             d["env_copy"], d["agent"] = self.env // len(self.agents), self.agents[self.env % len(self.agents)]
         d["line"] = self.line()
@@ -136,8 +142,8 @@ class Report:
         if self.count_all:
             for d in self.differences:
                 if d.counts:
-                    out.append(wording.counts_line(d.env, d.counts))
-                    out += ["env %d: %s" % (d.env, text) for text in d.patterns]
+                    out.append(wording.counts_line(d.env, d.counts, d.agents))
+                    out += ["%s: %s" % (wording.stream_name(d.env, d.agents), text) for text in d.patterns]
         out.append(wording.envs_differ(len(self.differences), len(self.envs)))
         agents = wording.agents_differ(self.differences)
         if agents:
@@ -382,6 +388,31 @@ def _advance(kind, carry):
     if resets.size:
         return (carry[0] + int(resets.size), n - 1 - int(resets[-1]))
     return (carry[0], carry[1] + n)
+
+
+_PEEK = 64  # trainer events looked at after an end the trainer was not told of
+
+
+def _untold_end(env_stream, tr_stream, index):
+    """At a step where the env ended its episode and the trainer was told neither flag, the episode's
+    next event on the env side being a reset or none: (the env's flag, how many steps the trainer then
+    received that the env never took, up to _PEEK). None for any other difference."""
+    names = ("kind", "terminated", "truncated")
+    a = _read_rows(env_stream, names, index, index + 2)
+    b = _read_rows(tr_stream, names, index, index + 1 + _PEEK)
+    if a["kind"][0] != S.KIND_STEP or b["kind"][0] != S.KIND_STEP or b["terminated"][0] or b["truncated"][0]:
+        return None
+    flag = "terminated" if a["terminated"][0] else "truncated" if a["truncated"][0] else None
+    if flag is None or (len(a["kind"]) > 1 and a["kind"][1] != S.KIND_RESET):
+        return None
+    extra = 0
+    for k in range(1, len(b["kind"])):
+        if b["kind"][k] != S.KIND_STEP:
+            break
+        extra += 1
+        if b["terminated"][k] or b["truncated"][k]:
+            break
+    return flag, extra
 
 
 def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
@@ -724,6 +755,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             first, counts, position = _compare_stream(es, ts, count_all)
             if first >= 0:
                 d = _difference_at(e, es, ts, first, position, meta)
+                d.untold = _untold_end(es, ts, first)
                 hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
             elif len(es) != len(ts):
                 if not (_closed(es.meta) and _closed(ts.meta)):

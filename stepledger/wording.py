@@ -344,11 +344,26 @@ def event_values(fields, ours, theirs, reward_dtype):
     return env_values, tr_values
 
 
-def counts_line(env, counts):
+def counts_line(env, counts, agents=None):
     """With --all: how many events differ per field, after and including the first."""
     text = ", ".join("%s %d" % (f, n) for f, n in counts.items() if n)
-    return "env %d: events that differ, after and including the first: %s" % (env, text or "none of the compared "
-                                                                                           "fields")
+    return "%s: events that differ, after and including the first: %s" % (
+        stream_name(env, agents), text or "none of the compared fields")
+
+
+def untold_end(env, agents, flag, extra):
+    """The env ended the episode at a step the trainer was told nothing of (both flags false), and the
+    trainer then received ``extra`` steps the env never took: padding, or a phantom step."""
+    who = "agent %s" % agents[env % len(agents)] if agents else "the env"
+    ended = "left here (%s)" % flag if agents else "ended its episode here (%s)" % flag
+    text = "%s %s but the trainer was not told" % (who, ended)
+    if extra == 1:
+        text += ", and then received a step the env never took"
+    elif extra > 1:
+        text += ", and then received %d%s steps the env never took" % (extra, " or more" if extra >= 64 else "")
+    if extra:
+        text += " (padded: SuperSuit's black_death_v3 does this; they are counted here, not as more differences)"
+    return text
 
 
 def agents_differ(differences):

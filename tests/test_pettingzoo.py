@@ -149,3 +149,74 @@ def test_index_supersuit_copies_refuses_without_ledgers(tmp_path):
     with pytest.raises(LedgerError, match="env copy 0 has no LedgerParallelEnv"):
         index_supersuit_copies(venv)
     venv.close()
+
+
+class TwoLeaveApart(ParallelEnv):
+    """agent_1 terminates after 2 steps, agent_0 is truncated after 4: agents that leave at different steps."""
+    metadata = {"name": "two_leave_apart_v0"}
+    render_mode = None
+
+    def __init__(self):
+        self.possible_agents = ["agent_0", "agent_1"]
+        self._space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def observation_space(self, agent):
+        return self._space
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, agent):
+        return np.array([self.possible_agents.index(agent) + 1, self.t], np.float32) / 10
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        live = list(self.agents)
+        terms = {a: a == "agent_1" and self.t == 2 for a in live}
+        truncs = {a: a == "agent_0" and self.t == 4 for a in live}
+        obs = {a: self._obs(a) for a in live}
+        self.agents = [a for a in live if not terms[a] and not truncs[a]]
+        return obs, {a: 1.0 for a in live}, terms, truncs, {a: {} for a in live}
+
+
+def black_death_run(d, par_env, steps):
+    env = ss.black_death_v3(LedgerParallelEnv(par_env, d))
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 1, num_cpus=0,
+                                 base_class="stable_baselines3")
+    index_supersuit_copies(venv)
+    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+    venv.reset()
+    for _ in range(steps):
+        venv.step(np.ones(venv.num_envs, dtype=np.int64))
+    venv.close()
+    return compare(d, os.path.join(d, "trainer.npz"))
+
+
+def test_black_death_padding_is_one_finding_at_the_agent_that_left(tmp_path):
+    """black_death_v3 never tells the trainer a dead agent is done: it gets its last step with both flags
+    false, then zero observations (and the phantom step at the episode's end) until every agent is done."""
+    report = black_death_run(str(tmp_path), TwoLeaveApart(), 6)
+    by = report.by_env()
+    assert (by[1].episode, by[1].step, by[1].fields, by[1].untold) == (0, 2, ("terminated",), ("terminated", 3))
+    assert by[1].line() == (
+        "env 0, agent agent_1, episode 0, step 2: terminated differs (env gave True, trainer received False); "
+        "agent agent_1 left here (terminated) but the trainer was not told, and then received 3 steps the env "
+        "never took (padded: SuperSuit's black_death_v3 does this; they are counted here, not as more differences)")
+    # agent_0, truncated at step 4 as the episode ends: the trainer was not told, and got a phantom step
+    assert (by[0].episode, by[0].step, by[0].untold) == (0, 4, ("truncated", 1))
+    assert "received a step the env never took" in by[0].line()
+    assert report.to_dict()["differences"][1]["steps_never_taken"] == 3
+
+
+def test_black_death_phantom_step_at_a_time_limit(tmp_path):
+    """mpe2 simple_spread with max_cycles=3 under black_death_v3: the episode's end reaches the trainer one
+    step late, on a step the env never took."""
+    report = black_death_run(str(tmp_path), simple_spread_v3.parallel_env(N=2, max_cycles=3), 5)
+    assert sorted(d.env for d in report.differences) == [0, 1]
+    for d in report.differences:
+        assert (d.episode, d.step, d.fields, d.untold) == (0, 3, ("truncated",), ("truncated", 1)), d.line()
