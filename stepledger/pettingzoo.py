@@ -34,8 +34,9 @@ from .errors import LedgerError
 from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
 from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
+from .trainer import SAME_STEP, TrainerLedger
 
-__all__ = ["LedgerParallelEnv", "agent_streams", "index_supersuit_copies"]
+__all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies"]
 
 
 def agent_streams(index, possible_agents):
@@ -243,3 +244,78 @@ def index_supersuit_copies(venv):
                               "parallel env, before any SuperSuit wrapper)" % c)
         env.set_index(c)
     return len(copies)
+
+
+_TERMINAL_OBS = "terminal_observation"
+
+
+class LedgerSuperSuitVecEnv:
+    """The trainer side of SuperSuit's Gymnasium form (``concat_vec_envs_v1(..., base_class="gymnasium")``).
+
+    That vector env is not a Gymnasium 1.x vector env: its infos are a list
+    of per-slot dicts, it has no ``single_observation_space``, and it resets a
+    slot within the step that ends its episode, with the final observation in
+    ``infos[i]["terminal_observation"]``. This adapter records it through
+    ``TrainerLedger`` (same-step autoreset) and returns exactly what it
+    returned; other attributes pass through. With in-process copies whose
+    ``LedgerParallelEnv`` has no index yet, each copy is given its own
+    (``index_supersuit_copies``).
+
+    Example::
+
+        venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(par_env, "ledger")),
+                                     2, num_cpus=0, base_class="gymnasium")
+        venv = LedgerSuperSuitVecEnv(venv, "ledger/trainer.npz")
+    """
+
+    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+        self.venv = venv
+        if getattr(venv, "vec_envs", None) is not None:
+            try:
+                index_supersuit_copies(venv)
+            except LedgerError:
+                pass  # copies without a LedgerParallelEnv, or given their indices already: nothing to give
+        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
+                                    autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values,
+                                    flush_interval=flush_interval, owner="LedgerSuperSuitVecEnv")
+        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("venv", "ledger"):
+            raise AttributeError(name)
+        return getattr(self.venv, name)
+
+    @property
+    def ledger_path(self):
+        return self.ledger.path
+
+    def reset(self, seed=None, options=None):
+        try:
+            obs, infos = self.venv.reset(seed=seed, options=options)
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+        self.ledger.reset(obs)
+        return obs, infos
+
+    def step(self, actions):
+        self.ledger.actions(actions)
+        try:
+            obs, rewards, terminations, truncations, infos = self.venv.step(actions)
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+        self.ledger.step(obs, rewards, terminations, truncations,
+                         lambda i: infos[i].get(_TERMINAL_OBS) if isinstance(infos[i], dict) else None)
+        return obs, rewards, terminations, truncations, infos
+
+    def flush(self):
+        """Write what is new in the trainer ledger; recording goes on."""
+        self.ledger.flush()
+
+    def close(self):
+        """Write the trainer ledger, then close the vector env."""
+        try:
+            self.ledger.close()
+        finally:
+            self.venv.close()

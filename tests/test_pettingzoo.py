@@ -220,3 +220,40 @@ def test_black_death_phantom_step_at_a_time_limit(tmp_path):
     assert sorted(d.env for d in report.differences) == [0, 1]
     for d in report.differences:
         assert (d.episode, d.step, d.fields, d.untold) == (0, 3, ("truncated",), ("truncated", 1)), d.line()
+
+
+def gymnasium_form_run(d, max_cycles, steps, copies=2):
+    from stepledger.pettingzoo import LedgerSuperSuitVecEnv
+    env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles), d)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), copies, num_cpus=0, base_class="gymnasium")
+    venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"))
+    assert venv.num_envs == 3 * copies  # passed through
+    venv.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        venv.step(rng.integers(0, 5, venv.num_envs))
+    venv.close()
+    return compare(d, os.path.join(d, "trainer.npz"))
+
+
+def test_supersuit_gymnasium_form_compares_clean_across_time_limits(tmp_path):
+    """SuperSuit's Gymnasium form keeps truncations apart: random actions over three time limits compare clean."""
+    report = gymnasium_form_run(str(tmp_path), max_cycles=4, steps=14)
+    assert report.ok, report.lines()
+    with read(str(tmp_path / "env-1.npz")) as led:
+        kinds = led.streams[4].columns["kind"].tolist()
+    assert kinds.count(0) == 4  # the first reset and three autoresets
+
+
+def test_supersuit_gymnasium_form_black_death_padding_is_found(tmp_path):
+    from stepledger.pettingzoo import LedgerSuperSuitVecEnv
+    d = str(tmp_path)
+    env = ss.black_death_v3(LedgerParallelEnv(TwoLeaveApart(), d))
+    venv = LedgerSuperSuitVecEnv(ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 1, num_cpus=0,
+                                                       base_class="gymnasium"), os.path.join(d, "trainer.npz"))
+    venv.reset(seed=0)
+    for _ in range(6):
+        venv.step(np.ones(2, dtype=np.int64))
+    venv.close()
+    by = compare(d, os.path.join(d, "trainer.npz")).by_env()
+    assert (by[1].episode, by[1].step, by[1].untold) == (0, 2, ("terminated", 3)), by[1].line()
