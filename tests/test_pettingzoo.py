@@ -257,3 +257,38 @@ def test_supersuit_gymnasium_form_black_death_padding_is_found(tmp_path):
     venv.close()
     by = compare(d, os.path.join(d, "trainer.npz")).by_env()
     assert (by[1].episode, by[1].step, by[1].untold) == (0, 2, ("terminated", 3)), by[1].line()
+
+
+class TogetherEnv(TwoLeaveApart):
+    """Both agents terminate together, after 3, 4 or 5 steps: episodes that end by termination only."""
+    metadata = {"name": "together_v0"}
+
+    def reset(self, seed=None, options=None):
+        self.episode = getattr(self, "episode", -1) + 1
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions):
+        self.t += 1
+        live = list(self.agents)
+        done = self.t >= 3 + self.episode % 3
+        obs = {a: self._obs(a) for a in live}
+        self.agents = [] if done else live
+        return (obs, {a: float(actions[a]) / 3 for a in live}, {a: done for a in live}, {a: False for a in live},
+                {a: {} for a in live})
+
+
+def test_ppo_through_supersuit_sb3_compares_clean_when_episodes_terminate(tmp_path):
+    from stable_baselines3 import PPO
+    d = str(tmp_path)
+    env = LedgerParallelEnv(TogetherEnv(), d)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=0,
+                                 base_class="stable_baselines3")
+    index_supersuit_copies(venv)
+    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+    # no seed=: SB3 would call venv.seed(), which SuperSuit's ConcatVecEnv does not have
+    PPO("MlpPolicy", venv, n_steps=16, batch_size=32, n_epochs=1, device="cpu").learn(64)
+    venv.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, report.lines()
+    with read(os.path.join(d, "env-1.npz")) as led:
+        assert len(led.streams[3]) > 20 and led.streams[3].columns["terminated"].sum() >= 4
