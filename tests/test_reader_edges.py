@@ -56,13 +56,18 @@ def _spill_count(env):
 
 # ---------------------------------------------------------------- final file or segments
 
-def test_segments_written_after_a_flush_are_read_in_place_of_its_file(tmp_path, small_memory):
-    """One recording: flush() wrote a final file, then more events spilled, then the process died.
+def _write_final(env):
+    """The final file as close() writes it, before close() removes the spill segments."""
+    env._recording.write()
+
+
+def test_segments_written_after_a_final_file_are_read_in_its_place(tmp_path, small_memory):
+    """One recording: a final file was written, then more events spilled, then the process died.
     The segments hold every event the file holds and more: they are the ledger."""
     env = _count_env(tmp_path)
     _steps(env, 400)
     assert _spill_count(env) >= 1
-    env.flush()
+    _write_final(env)
     with read(env.ledger_path) as led:
         flushed = len(led.streams[0])
         assert not led.partial and flushed == 401
@@ -78,13 +83,13 @@ def test_segments_written_after_a_flush_are_read_in_place_of_its_file(tmp_path, 
 
 
 def test_a_final_file_that_holds_more_than_the_segments_is_read_in_their_place(tmp_path, small_memory):
-    """One recording: spilled, then flush() wrote everything (the segments and the events in memory), then
-    the process died. The file is the ledger."""
+    """One recording: spilled, then close() wrote everything (the segments and the events in memory) and
+    the process died before it removed the segments. The file is the ledger."""
     env = _count_env(tmp_path)
     _steps(env, 300)
     spilled = env._recording._spilled_events
     assert 0 < spilled < 301
-    env.flush()
+    _write_final(env)
     _killed(env)
     assert os.listdir(env.ledger_path + ".spill")
     with read(env.ledger_path) as led:
@@ -92,11 +97,11 @@ def test_a_final_file_that_holds_more_than_the_segments_is_read_in_their_place(t
 
 
 def test_a_file_and_segments_that_hold_as_many_events_read_as_the_file(tmp_path, small_memory):
-    """A flush right after a spill: the file holds what the segments hold, and is complete (not partial)."""
+    """A final file written right after a spill: it holds what the segments hold, and is complete."""
     env = _count_env(tmp_path)
     while _spill_count(env) == 0:
         _steps(env, 1)
-    env.flush()
+    _write_final(env)
     _killed(env)
     with read(env.ledger_path) as led:
         assert not led.partial and len(led.streams[0]) == env._recording._spilled_events
