@@ -34,7 +34,7 @@ from .errors import LedgerError
 from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
 from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
-from .trainer import SAME_STEP, TrainerLedger
+from .trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
 
 __all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies"]
 
@@ -149,16 +149,8 @@ class LedgerParallelEnv(BaseParallelWrapper):
         except BaseException:
             self._recording.interrupted = True
             raise
-        over = False
         self._in_play = set()
-        for agent, value in obs.items():
-            rec = recorders.get(agent)
-            if rec is None:
-                self._unknown(agent)
-                continue
-            over |= rec.reset(value)
-            self._in_play.add(agent)
-        if over:
+        if self._enter(recorders, obs, ()):
             attend()
         return obs, infos
 
@@ -182,21 +174,25 @@ class LedgerParallelEnv(BaseParallelWrapper):
             over |= recorders[agent].step_taken(obs.get(agent), rewards.get(agent, 0.0), te, tr)
             if te or tr:
                 self._in_play.discard(agent)
-        for agent, value in obs.items():  # an agent that joined: its first observation
-            if agent not in self._in_play and agent not in acting:
-                rec = recorders.get(agent)
-                if rec is None:
-                    self._unknown(agent)
-                    continue
-                over |= rec.reset(value)
-                self._in_play.add(agent)
+        over |= self._enter(recorders, obs, acting)  # an agent that joined: its first observation
         if over:
             attend()
         return obs, rewards, terminations, truncations, infos
 
-    def _unknown(self, agent):
-        warnings.warn("LedgerParallelEnv: agent %r is not in possible_agents %r; its events are not recorded"
-                      % (agent, self._agents), RuntimeWarning, stacklevel=3)
+    def _enter(self, recorders, obs, acting):
+        """Record a reset for each agent in ``obs`` that is not in play (nor among ``acting``)."""
+        over = False
+        for agent, value in obs.items():
+            if agent in self._in_play or agent in acting:
+                continue
+            rec = recorders.get(agent)
+            if rec is None:
+                warnings.warn("LedgerParallelEnv: agent %r is not in possible_agents %r; its events are not "
+                              "recorded" % (agent, self._agents), RuntimeWarning, stacklevel=3)
+                continue
+            over |= rec.reset(value)
+            self._in_play.add(agent)
+        return over
 
     # ------------------------------------------------------------------ writing
 
@@ -249,7 +245,7 @@ def index_supersuit_copies(venv):
 _TERMINAL_OBS = "terminal_observation"
 
 
-class LedgerSuperSuitVecEnv:
+class LedgerSuperSuitVecEnv(WritesTrainerLedger):
     """The trainer side of SuperSuit's Gymnasium form (``concat_vec_envs_v1(..., base_class="gymnasium")``).
 
     That vector env is not a Gymnasium 1.x vector env: its infos are a list
@@ -309,13 +305,3 @@ class LedgerSuperSuitVecEnv:
                          lambda i: infos[i].get(_TERMINAL_OBS) if isinstance(infos[i], dict) else None)
         return obs, rewards, terminations, truncations, infos
 
-    def flush(self):
-        """Write what is new in the trainer ledger; recording goes on."""
-        self.ledger.flush()
-
-    def close(self):
-        """Write the trainer ledger, then close the vector env."""
-        try:
-            self.ledger.close()
-        finally:
-            self.venv.close()

@@ -15,7 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 from ._schema import LINK_ATTR, SETTINGS_KEY
 from .live import BoundaryFault
 from .stack import warn_inner_wrappers
-from .trainer import DONE_FLAGS, TrainerLedger
+from .trainer import DONE_FLAGS, TrainerLedger, WritesTrainerLedger
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
 
@@ -23,7 +23,7 @@ _TIME_LIMIT = "TimeLimit.truncated"
 _TERMINAL_OBS = "terminal_observation"
 
 
-class LedgerVecEnv(VecEnvWrapper):
+class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
     """Records what an SB3 trainer sent and received through a VecEnv.
 
     Place it innermost: directly around SubprocVecEnv or DummyVecEnv, inside
@@ -130,16 +130,6 @@ class LedgerVecEnv(VecEnvWrapper):
             led.check_tokens(steps, steps, led.tokens(self._inner_reset_infos()) if led.ended else None)
         return obs, rewards, dones, infos
 
-    def flush(self):
-        """Write what is new in the trainer ledger; recording goes on."""
-        self.ledger.flush()
-
-    def close(self):
-        """Write the trainer ledger, then close the VecEnv."""
-        try:
-            self.ledger.close()
-        finally:
-            self.venv.close()
 
 
 class StopOnBoundaryFault(BaseCallback):

@@ -30,7 +30,7 @@ from .recording import Recording, attend, check_path, check_reward_dtype
 from .recording import flush_interval as _flush_interval
 from .spaces import LeafLayout
 
-__all__ = ["NEXT_STEP", "SAME_STEP", "TrainerLedger", "autoreset_mode_name"]
+__all__ = ["NEXT_STEP", "SAME_STEP", "TrainerLedger", "WritesTrainerLedger", "autoreset_mode_name"]
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
 DONE_FLAGS = "done_flags"  # the meta's name for SB3's convention (done flags, terminal obs in the infos)
@@ -386,6 +386,22 @@ class TrainerLedger:
             else:
                 over |= store.append(orows[i], a)
         return over
+
+
+class WritesTrainerLedger:
+    """``flush()`` and ``close()`` of an adapter that holds a TrainerLedger (``self.ledger``) around a
+    vector env (``self.venv``): the ledger is written, then the vector env closed."""
+
+    def flush(self):
+        """Write what is new in the trainer ledger; recording goes on."""
+        self.ledger.flush()
+
+    def close(self):
+        """Write the trainer ledger, then close the vector env."""
+        try:
+            self.ledger.close()
+        finally:
+            self.venv.close()
 
 
 class _InfoColumn:
