@@ -48,12 +48,33 @@ class OptionalBuildExt(build_ext):
                          "the pure-Python core will be used\n" % (exc,))
 
 
+def write_layout():
+    """Write stepledger/_layout.pxi: the live token's layout from _schema.py, as compile-time constants
+    of the compiled core (T_<FIELD> where a field starts, W_<FIELD> its width, T_SIZE, F_* the flag bits)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_stepledger_schema", os.path.join(HERE, "stepledger", "_schema.py"))
+    schema = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(schema)
+    lines = ["# Written by setup.py from stepledger/_schema.py (TOKEN_FIELDS); do not edit.", "cdef enum:",
+             "    T_SIZE = %d" % schema.TOKEN_SIZE]
+    for name, _ in schema.TOKEN_FIELDS:
+        lines.append("    T_%s = %d" % (name.upper(), schema.TOKEN_OFFSETS[name]))
+        lines.append("    W_%s = %d" % (name.upper(), schema.TOKEN_WIDTHS[name]))
+    lines += ["    F_TERMINATED = %d" % schema.TOKEN_TERMINATED, "    F_TRUNCATED = %d" % schema.TOKEN_TRUNCATED]
+    text = "\n".join(lines) + "\n"
+    path = os.path.join(HERE, "stepledger", "_layout.pxi")
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+
+
 def extensions():
     try:
         import numpy
         from Cython.Build import cythonize
     except ImportError:
         return []
+    write_layout()
     ext = Extension(
         "stepledger._core",
         ["stepledger/_core.pyx"],

@@ -51,7 +51,22 @@ cdef uint8_t KIND_RESET = S.KIND_RESET
 cdef uint8_t KIND_STEP = S.KIND_STEP
 cdef uint64_t NO_DIGEST = S.NO_DIGEST
 cdef uint8_t TOKEN_VERSION = S.TOKEN_VERSION
-assert S.TOKEN_SIZE == 55
+# The live token's layout: compile-time constants that setup.py writes into _layout.pxi from
+# _schema.TOKEN_FIELDS (T_* where each field starts, W_* the widths, T_SIZE its size, F_* the
+# flag bits), so that the hot path reads tokens at constant offsets. A core built before _schema
+# changed refuses to load (core.py then takes the pure-Python core).
+include "_layout.pxi"
+COMPILED_LAYOUT = {"size": T_SIZE, "offsets": {"version": T_VERSION, "index": T_INDEX, "counter": T_COUNTER,
+                                               "episode": T_EPISODE, "step": T_STEP, "kind": T_KIND,
+                                               "h_obs": T_H_OBS, "h_act": T_H_ACT, "h_rew": T_H_REW,
+                                               "flags": T_FLAGS},
+                   "widths": {"version": W_VERSION, "index": W_INDEX, "counter": W_COUNTER,
+                              "episode": W_EPISODE, "step": W_STEP, "kind": W_KIND,
+                              "h_obs": W_H_OBS, "h_act": W_H_ACT, "h_rew": W_H_REW, "flags": W_FLAGS},
+                   "terminated": F_TERMINATED, "truncated": F_TRUNCATED}
+if COMPILED_LAYOUT != {"size": S.TOKEN_SIZE, "offsets": S.TOKEN_OFFSETS, "widths": S.TOKEN_WIDTHS,
+                       "terminated": S.TOKEN_TERMINATED, "truncated": S.TOKEN_TRUNCATED}:
+    raise ImportError("stepledger._core was built for another token layout than _schema.py's: rebuild it")
 
 
 def set_memory_limit(nbytes):
@@ -368,7 +383,7 @@ cdef void *_resized(void *p, size_t nbytes) except NULL:
 
 
 cdef class StreamBuffer:
-    """Growable columns for one stream of events, 27 bytes an event."""
+    """Growable columns for one stream of events, _schema.BYTES_PER_EVENT bytes an event."""
 
     cdef uint8_t *kind
     cdef uint64_t *h_obs
@@ -721,18 +736,18 @@ cdef class EventRecorder:
 
     def token(self, unsigned int index):
         """The live token of the last event, for env ``index`` (bytes)."""
-        cdef uint8_t buf[55]
-        buf[0] = TOKEN_VERSION
-        _put(buf, 1, index, 4)
-        _put(buf, 5, <uint64_t>(self.counter - 1), 8)
-        _put(buf, 13, <uint64_t>self.episode, 8)
-        _put(buf, 21, <uint64_t>self.step_in_episode, 8)
-        buf[29] = self.last_kind
-        _put(buf, 30, self.last_obs, 8)
-        _put(buf, 38, self.last_act, 8)
-        _put(buf, 46, self.last_rew, 8)
-        buf[54] = (1 if self.last_te else 0) | (2 if self.last_tr else 0)
-        return PyBytes_FromStringAndSize(<char *>buf, 55)
+        cdef uint8_t buf[T_SIZE]
+        buf[T_VERSION] = TOKEN_VERSION
+        _put(buf, T_INDEX, index, W_INDEX)
+        _put(buf, T_COUNTER, <uint64_t>(self.counter - 1), W_COUNTER)
+        _put(buf, T_EPISODE, <uint64_t>self.episode, W_EPISODE)
+        _put(buf, T_STEP, <uint64_t>self.step_in_episode, W_STEP)
+        buf[T_KIND] = self.last_kind
+        _put(buf, T_H_OBS, self.last_obs, W_H_OBS)
+        _put(buf, T_H_ACT, self.last_act, W_H_ACT)
+        _put(buf, T_H_REW, self.last_rew, W_H_REW)
+        buf[T_FLAGS] = (F_TERMINATED if self.last_te else 0) | (F_TRUNCATED if self.last_tr else 0)
+        return PyBytes_FromStringAndSize(<char *>buf, T_SIZE)
 
 
 def _cast_or_none(layout, value):
@@ -844,7 +859,8 @@ cdef class VectorRecorder:
         (<uint64_t *>cnp.PyArray_DATA(self.ev_obs))[k] = h_obs
         (<uint64_t *>cnp.PyArray_DATA(self.ev_act))[k] = h_act
         (<uint64_t *>cnp.PyArray_DATA(self.ev_rew))[k] = h_rew
-        (<uint8_t *>cnp.PyArray_DATA(self.ev_flags))[k] = (1 if te else 0) | (2 if tr and not te else 0)
+        (<uint8_t *>cnp.PyArray_DATA(self.ev_flags))[k] = ((F_TERMINATED if te else 0)
+                                                           | (F_TRUNCATED if tr and not te else 0))
         (<uint8_t *>cnp.PyArray_DATA(self.ev_count))[i] = j + 1
         (<int64_t *>cnp.PyArray_DATA(self.counts))[i] += 1
         return (<StreamBuffer>self.buffers[i]).put(kind, h_obs, h_act, h_rew, te, tr)
@@ -857,7 +873,7 @@ cdef class VectorRecorder:
         cdef Py_ssize_t k = 2 * i + j
         flags = self.ev_flags.reshape(-1)[k]
         return (int(self.ev_kind.reshape(-1)[k]), int(self.ev_obs.reshape(-1)[k]), int(self.ev_act.reshape(-1)[k]),
-                int(self.ev_rew.reshape(-1)[k]), bool(flags & 1), bool(flags & 2))
+                int(self.ev_rew.reshape(-1)[k]), bool(flags & F_TERMINATED), bool(flags & F_TRUNCATED))
 
     def events_in_call(self, Py_ssize_t i):
         return int(self.ev_count[i])
@@ -891,21 +907,22 @@ cdef class VectorRecorder:
             for j in range(c):
                 src = single if c == 1 else (first if j == 0 else second)
                 tok = None if src is None else src[i]
-                if type(tok) is not bytes or PyBytes_GET_SIZE(tok) != 55:
+                if type(tok) is not bytes or PyBytes_GET_SIZE(tok) != T_SIZE:
                     problems.append((i, j, None if tok is None or type(tok) is not bytes else tok))
                     continue
                 t = <const uint8_t *>PyBytes_AS_STRING(tok)
                 k = 2 * i + j
                 counter = <uint64_t>(cnt[i] - c + j)
-                bad = (t[0] != TOKEN_VERSION or _get(t, 1, 4) != <uint64_t>i or _get(t, 5, 8) != counter
-                       or t[29] != ek[k] or _get(t, 30, 8) != eo[k] or _get(t, 38, 8) != ea[k]
-                       or _get(t, 46, 8) != er[k] or t[54] != ef[k])
+                bad = (t[T_VERSION] != TOKEN_VERSION or _get(t, T_INDEX, W_INDEX) != <uint64_t>i
+                       or _get(t, T_COUNTER, W_COUNTER) != counter or t[T_KIND] != ek[k]
+                       or _get(t, T_H_OBS, W_H_OBS) != eo[k] or _get(t, T_H_ACT, W_H_ACT) != ea[k]
+                       or _get(t, T_H_REW, W_H_REW) != er[k] or t[T_FLAGS] != ef[k])
                 if bad:
                     problems.append((i, j, tok))
                 else:
                     seen[i] = 1
-                    tep[i] = <int64_t>_get(t, 13, 8)
-                    tst[i] = <int64_t>_get(t, 21, 8)
+                    tep[i] = <int64_t>_get(t, T_EPISODE, W_EPISODE)
+                    tst[i] = <int64_t>_get(t, T_STEP, W_STEP)
         return problems
 
     def tokens(self, dicts, key, bint pop):

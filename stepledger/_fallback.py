@@ -351,7 +351,12 @@ class EventRecorder:
         """The live token of the last event, for env ``index`` (bytes)."""
         kind, h_obs, h_act, h_rew, te, tr = self._last
         return struct.pack(S.TOKEN_FORMAT, S.TOKEN_VERSION, index, self.counter - 1, self.episode,
-                           self.step_in_episode, kind, h_obs, h_act, h_rew, (1 if te else 0) | (2 if tr else 0))
+                           self.step_in_episode, kind, h_obs, h_act, h_rew, _token_flags(te, tr))
+
+
+def _token_flags(terminated, truncated):
+    """The flags byte of a live token."""
+    return (S.TOKEN_TERMINATED if terminated else 0) | (S.TOKEN_TRUNCATED if truncated else 0)
 
 
 def _cast_or_none(layout, value):
@@ -434,7 +439,7 @@ class VectorRecorder:
                     S.TOKEN_FORMAT, tok)
                 ek, eo, ea, er, ete, etr = self._events[i][j]
                 if (version != S.TOKEN_VERSION or index != i or counter != self.counts[i] - c + j or kind != ek
-                        or h_obs != eo or h_act != ea or h_rew != er or flags != ((1 if ete else 0) | (2 if etr else 0))):
+                        or h_obs != eo or h_act != ea or h_rew != er or flags != _token_flags(ete, etr)):
                     problems.append((i, j, tok))
                 else:
                     self.token_seen[i] = True

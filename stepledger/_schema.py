@@ -5,6 +5,10 @@ marker messages of the digest live here. ``docs/FORMAT.md`` describes the same
 facts for readers in other languages.
 """
 
+import struct
+
+import numpy as np
+
 FORMAT_NAME = "stepledger"
 # 2: each file says which run and which writer it belongs to and how it ended (the
 # META_* keys below), and merged spill segments cover a range (META_THROUGH).
@@ -17,7 +21,6 @@ KIND_STEP = 1
 KIND_NAMES = {KIND_RESET: "reset", KIND_STEP: "step"}
 
 # The columns each recorder keeps in memory, one entry per event, in this order.
-# 1 + 8 + 8 + 8 + 1 + 1 = 27 bytes an event.
 EVENT_COLUMNS = (
     ("kind", "|u1"),
     ("h_obs", "<u8"),
@@ -35,13 +38,34 @@ FILE_COLUMNS = EVENT_COLUMNS + POSITION_COLUMNS
 COLUMN_DTYPES = dict(FILE_COLUMNS)
 EVENT_COLUMN_NAMES = tuple(name for name, _ in EVENT_COLUMNS)
 FILE_COLUMN_NAMES = tuple(name for name, _ in FILE_COLUMNS)
-BYTES_PER_EVENT = 27
+# The bytes an event takes in memory: the sizes of its columns' dtypes (1 + 8 + 8 + 8 + 1 + 1).
+BYTES_PER_EVENT = sum(np.dtype(dtype).itemsize for _, dtype in EVENT_COLUMNS)
+
+# How a final ledger's members are deflated (0: stored), by member, with ISA-L
+# (the optional [isal] extra) or zlib alone. Digests of observations and actions
+# do not compress; flags, kinds and counters compress well and fast at level 1.
+# float32 reward bits are half zeros: ISA-L deflates them to about 4 bytes an
+# event at 250 MB/s and more. zlib alone manages about 30 to 55 MB/s on them, 3
+# to 5 s for 16M events, so without isal they are stored (8 bytes an event; the
+# file stays the same format, readable by either), and the step counter, which
+# zlib's levels 1 and 6 deflate slowly, takes zlib's level 3 (as fast as ISA-L's
+# level 1 here, and as small: about 0.1 byte an event). float64 reward bits are
+# stored with either; spill segments store every member.
+COLUMN_LEVELS = {
+    "isal": {"kind": 1, "h_obs": 0, "h_act": 0, "h_rew": 1, "terminated": 1, "truncated": 1,
+             "episode": 1, "step": 1},
+    "zlib": {"kind": 1, "h_obs": 0, "h_act": 0, "h_rew": 0, "terminated": 1, "truncated": 1,
+             "episode": 1, "step": 3},
+}
+FLOAT64_REWARD_LEVEL = 0
 
 # Other members of a ledger file.
 META_MEMBER = "meta"
 STREAM_INDEX_MEMBER = "env_index"
 STREAM_OFFSETS_MEMBER = "offsets"
 VALUES_MEMBER = "values_{field}_{leaf}"  # field is "obs" or "act"
+MEMBER_LEVEL = 6  # meta, env_index and offsets
+VALUES_LEVEL = 1  # kept values (values_*, encoded_*)
 # Kept values that do not fit the space's fixed leaves (a value of another shape than its
 # space's): their leaf encoding, the digest's message, concatenated over the file's events
 # (uint8), and its length at each event (uint32; 0 where the value is in values_* instead).
@@ -71,6 +95,19 @@ MISSING_MESSAGE = b"\x00missing"  # a value the trainer never received
 INVALID_MESSAGE = b"\x00invalid"  # a value that cannot be cast to its space
 # The action and reward fields of a reset event hold this.
 NO_DIGEST = 0
+
+# Meta keys of a recording's settings: the same in every file of it (checked by META_KEYS below).
+META_FORMAT = "format"                # FORMAT_NAME
+META_FORMAT_VERSION = "format_version"
+META_SIDE = "side"                    # one of SIDES
+META_REWARD_DTYPE = "reward_dtype"    # one of REWARD_DTYPES
+META_OBS_SPACE = "observation_space"  # space descriptions (docs/FORMAT.md, section 6)
+META_ACT_SPACE = "action_space"
+META_KEEP_VALUES = "keep_values"
+META_VERSION = "version"              # the writer's stepledger version
+META_AUTORESET = "autoreset_mode"     # trainer side; the values are vector.py's
+# What both sides must record alike, for their ledgers to compare.
+SETTINGS = (META_REWARD_DTYPE, META_OBS_SPACE, META_ACT_SPACE)
 
 # Meta keys that describe one file of a recording, not the recording's settings: two
 # env ledgers of one run agree on everything else.
@@ -128,8 +165,35 @@ TOKEN_KEY = "stepledger"
 # trainer side can refuse at the first token when the two sides record differently.
 SETTINGS_KEY = "stepledger_settings"
 TOKEN_VERSION = 1
-TOKEN_FORMAT = "<BIQqqBQQQB"
-TOKEN_SIZE = 55
+TOKEN_FIELDS = (
+    ("version", "B"),
+    ("index", "I"),
+    ("counter", "Q"),
+    ("episode", "q"),
+    ("step", "q"),
+    ("kind", "B"),
+    ("h_obs", "Q"),
+    ("h_act", "Q"),
+    ("h_rew", "Q"),
+    ("flags", "B"),
+)
+TOKEN_FORMAT = "<" + "".join(code for _, code in TOKEN_FIELDS)
+TOKEN_SIZE = struct.calcsize(TOKEN_FORMAT)
+# Where each field of the token starts, and its width, in bytes.
+TOKEN_OFFSETS = {}
+TOKEN_WIDTHS = {}
+for _name, _code in TOKEN_FIELDS:
+    TOKEN_OFFSETS[_name] = sum(TOKEN_WIDTHS.values())
+    TOKEN_WIDTHS[_name] = struct.calcsize("<" + _code)
+del _name, _code
+TOKEN_TERMINATED = 1  # bits of the flags byte
+TOKEN_TRUNCATED = 2
+
+# The episode log EpisodeLogTap writes and ``stepledger episodes`` reads: an .npz with arrays
+# env (int64), r (float64), l (int64), vstep (int64) and meta (a JSON string, with META_FORMAT
+# and META_FORMAT_VERSION as a ledger's).
+EPISODE_LOG_FORMAT = "stepledger-episode-log"
+EPISODE_LOG_VERSION = 1
 
 # ---------------------------------------------------------------- meta
 #
@@ -151,15 +215,15 @@ class MetaKey:
 
 
 META_KEYS = (
-    MetaKey("format", "str", values=(FORMAT_NAME,)),
-    MetaKey("format_version", "int", minimum=1),
-    MetaKey("side", "str", values=SIDES),
-    MetaKey("reward_dtype", "str", values=REWARD_DTYPES),
-    MetaKey("observation_space", "space"),
-    MetaKey("action_space", "space"),
-    MetaKey("keep_values", "bool"),
-    MetaKey("version", "str"),
-    MetaKey("autoreset_mode", "str", required=()),  # trainer side; the values are vector.py's
+    MetaKey(META_FORMAT, "str", values=(FORMAT_NAME,)),
+    MetaKey(META_FORMAT_VERSION, "int", minimum=1),
+    MetaKey(META_SIDE, "str", values=SIDES),
+    MetaKey(META_REWARD_DTYPE, "str", values=REWARD_DTYPES),
+    MetaKey(META_OBS_SPACE, "space"),
+    MetaKey(META_ACT_SPACE, "space"),
+    MetaKey(META_KEEP_VALUES, "bool"),
+    MetaKey(META_VERSION, "str"),
+    MetaKey(META_AUTORESET, "str", required=()),
     MetaKey(META_SEGMENT, "int", required=(), minimum=0),
     # format version 2: which run and writer a file is of, and how its recording had ended
     MetaKey(META_RUN, "run", required=()),
@@ -283,7 +347,6 @@ _VARIABLE_SPACES = ("Text", "Sequence", "Graph", "OneOf")
 
 
 def _space_leaves(desc, key, depth, out):
-    import numpy as np
     if depth > MAX_SPACE_DEPTH:
         raise MetaProblem(key, "spaces nested deeper than %d" % MAX_SPACE_DEPTH)
     if not isinstance(desc, dict):

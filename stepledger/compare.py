@@ -181,15 +181,15 @@ def _json_size(leaves):
 
 def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
     """Refuse (LedgerError) when the two ledgers cannot be compared."""
-    if env_meta.get("side") == "trainer" and trainer_meta.get("side") == "env":
+    if env_meta.get(S.META_SIDE) == "trainer" and trainer_meta.get(S.META_SIDE) == "env":
         raise LedgerError(wording.wrong_order(env_path, trainer_path))
-    if env_meta.get("side") != "env":
-        raise LedgerError("%s: not an env-side ledger (side %r)" % (env_path, env_meta.get("side")))
-    if trainer_meta.get("side") != "trainer":
-        raise LedgerError("%s: not a trainer-side ledger (side %r)" % (trainer_path, trainer_meta.get("side")))
-    if _digest_format(env_meta.get("format_version")) != _digest_format(trainer_meta.get("format_version")):
-        raise LedgerError("the two sides use different format versions (env %s, trainer %s)"
-                          % (env_meta.get("format_version"), trainer_meta.get("format_version")))
+    if env_meta.get(S.META_SIDE) != "env":
+        raise LedgerError("%s: not an env-side ledger (side %r)" % (env_path, env_meta.get(S.META_SIDE)))
+    if trainer_meta.get(S.META_SIDE) != "trainer":
+        raise LedgerError("%s: not a trainer-side ledger (side %r)" % (trainer_path, trainer_meta.get(S.META_SIDE)))
+    e_version, t_version = env_meta.get(S.META_FORMAT_VERSION), trainer_meta.get(S.META_FORMAT_VERSION)
+    if _digest_format(e_version) != _digest_format(t_version):
+        raise LedgerError("the two sides use different format versions (env %s, trainer %s)" % (e_version, t_version))
     msg = settings_difference(env_meta, trainer_meta)
     if msg:
         raise SettingsError(msg)
@@ -424,18 +424,18 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
     ours = {f: row_a[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
     theirs = {f: row_b[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
     if ours["kind"] != theirs["kind"]:
-        env_values, tr_values = wording.event_values(("kind",), ours, theirs, meta["reward_dtype"])
+        env_values, tr_values = wording.event_values(("kind",), ours, theirs, meta[S.META_REWARD_DTYPE])
         return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_values, tr_values)
     fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
     env_values, tr_values, detail, raw = {}, {}, {}, {}
     for f in fields:
         col = S.FIELD_COLUMNS[f]
         if f not in ("obs", "action"):
-            a, b = wording.event_values((f,), ours, theirs, meta["reward_dtype"])
+            a, b = wording.event_values((f,), ours, theirs, meta[S.META_REWARD_DTYPE])
             env_values.update(a), tr_values.update(b)
         else:
             which = "obs" if f == "obs" else "act"
-            space = meta["observation_space" if f == "obs" else "action_space"]
+            space = meta[S.META_OBS_SPACE if f == "obs" else S.META_ACT_SPACE]
             names = leaf_names(space)
             shapes = [shape for _, shape in S.space_leaves(space)]
             va, vb = env_stream.value_rows(which, index), tr_stream.value_rows(which, index)
@@ -641,10 +641,10 @@ def _check_trainers(named):
     first_name, first = named[0][0], named[0][1].meta
     for name, led in named[1:]:
         meta = led.meta
-        if _digest_format(meta.get("format_version")) != _digest_format(first.get("format_version")):
-            raise LedgerError(wording.different_trainer_settings(name, first_name, "format version",
-                                                                 meta.get("format_version"),
-                                                                 first.get("format_version")))
+        version, first_version = meta.get(S.META_FORMAT_VERSION), first.get(S.META_FORMAT_VERSION)
+        if _digest_format(version) != _digest_format(first_version):
+            raise LedgerError(wording.different_trainer_settings(name, first_name, "format version", version,
+                                                                 first_version))
         found = wording.differing_setting(meta, first)
         if found is not None:
             raise LedgerError(wording.different_trainer_settings(name, first_name, *found))

@@ -237,7 +237,7 @@ def recorded_episodes(env_dir, chunk=EPISODE_CHUNK, progress=None):
             raise LedgerError(_REFUSE_TRAINER % env_dir)
         if ledger.side != "env":
             raise LedgerError("%s: not an env-side ledger (side %r)" % (env_dir, ledger.side))
-        reward_dtype = ledger.meta.get("reward_dtype")
+        reward_dtype = ledger.meta.get(S.META_REWARD_DTYPE)
         if reward_dtype not in S.REWARD_DTYPES:
             raise LedgerError("%s: unknown reward dtype %r" % (env_dir, reward_dtype))
         names = ("env", "episode", "length", "ret", "ret32", "abs_sum", "end_step")
@@ -372,12 +372,12 @@ def _read_npz(path):
     members = read_small_npz(path, MAX_LOG_MEMBER_BYTES, what="episode log")
     if "meta" in members:
         try:
-            meta = json.loads(str(members["meta"][()]))
+            meta = json.loads(str(members[S.META_MEMBER][()]))
         except (ValueError, TypeError, RecursionError):  # deeply nested JSON recurses
             meta = {}
-        if isinstance(meta, dict) and meta.get("format") == S.FORMAT_NAME:
+        if isinstance(meta, dict) and meta.get(S.META_FORMAT) == S.FORMAT_NAME:
             raise LedgerError("%s: a stepledger ledger (%s side), not an episode log; give the file EpisodeLogTap "
-                              "wrote, or monitor.csv" % (path, meta.get("side")))
+                              "wrote, or monitor.csv" % (path, meta.get(S.META_SIDE)))
         if isinstance(meta, dict) and meta.get("format") == LOG_FORMAT and \
                 meta.get("format_version", 0) > LOG_FORMAT_VERSION:
             raise LedgerError("%s: episode log format version %s is newer than this stepledger reads"

@@ -25,25 +25,9 @@ from . import _schema as S
 from ._zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter, inflate_prefix
 from .errors import LedgerError
 
-# How each member is stored: digests of observations and actions do not
-# compress; flags, kinds and counters compress well and fast at level 1. float32
-# reward bits are half zeros: ISA-L (the optional [isal] extra) deflates them to
-# about 4 bytes an event at 250 MB/s and more. zlib alone manages about 30 to 55
-# MB/s on them, 3 to 5 s for 16M events, so without isal they are stored (8
-# bytes an event; the file stays the same format, readable by either), and the
-# step counter, which zlib's levels 1 and 6 deflate slowly, takes zlib's level 3
-# (as fast as ISA-L's level 1 here, and as small: about 0.1 byte an event).
-if DEFLATE == "isal":
-    _LEVEL = {
-        "kind": 1, "h_obs": 0, "h_act": 0, "h_rew": 1, "terminated": 1, "truncated": 1,
-        "episode": 1, "step": 1, S.META_MEMBER: 6, S.STREAM_INDEX_MEMBER: 6, S.STREAM_OFFSETS_MEMBER: 6,
-    }
-else:
-    _LEVEL = {
-        "kind": 1, "h_obs": 0, "h_act": 0, "h_rew": 0, "terminated": 1, "truncated": 1,
-        "episode": 1, "step": 3, S.META_MEMBER: 6, S.STREAM_INDEX_MEMBER: 6, S.STREAM_OFFSETS_MEMBER: 6,
-    }
-_VALUES_LEVEL = 1
+# How each member is stored: _schema.COLUMN_LEVELS says why.
+_LEVEL = dict(S.COLUMN_LEVELS[DEFLATE], **dict.fromkeys(
+    (S.META_MEMBER, S.STREAM_INDEX_MEMBER, S.STREAM_OFFSETS_MEMBER), S.MEMBER_LEVEL))
 CHUNK = 1 << 20  # events per chunk when streaming columns
 _VERIFY_AT_OPEN = 8 << 20  # compressed members up to this size inflated are CRC-checked on open
 VALUE_CHUNK_BYTES = 8 << 20  # bytes per chunk when streaming kept values
@@ -168,8 +152,8 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
     np.cumsum(counts, out=offsets[1:])
     total = int(offsets[-1])
     level = dict(_LEVEL)
-    if meta.get("reward_dtype") == "float64":
-        level["h_rew"] = 0
+    if meta.get(S.META_REWARD_DTYPE) == "float64":
+        level[S.FIELD_COLUMNS["reward"]] = S.FLOAT64_REWARD_LEVEL
     if not final:
         level = dict.fromkeys(level, 0)
 
@@ -225,12 +209,12 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
             length = sum(int(vals[member].shape[0]) for seg in segments for s in stream_ids
                          for vals in [seg.values.get(s)] if vals is not None)
             members.append(_Member(member, dt, (length,), value_chunks(member, VALUE_CHUNK_BYTES),
-                                   _VALUES_LEVEL if final else 0))
+                                   S.VALUES_LEVEL if final else 0))
             continue
         row_bytes = np.dtype(dt).itemsize * int(np.prod(row_shape, dtype=np.int64))
         rows = max(1, VALUE_CHUNK_BYTES // max(1, row_bytes))
         members.append(_Member(member, dt, (total,) + tuple(row_shape), value_chunks(member, rows),
-                               _VALUES_LEVEL if final else 0))
+                               S.VALUES_LEVEL if final else 0))
     _write_zip(path, members)
     return total
 
@@ -664,9 +648,9 @@ def check_meta(path, meta):
 
     Returns the leaves of its spaces, as ``_schema.check_meta`` does.
     """
-    if not isinstance(meta, dict) or meta.get("format") != S.FORMAT_NAME:
+    if not isinstance(meta, dict) or meta.get(S.META_FORMAT) != S.FORMAT_NAME:
         raise LedgerError("%s: not a ledger (meta does not name the stepledger format)" % path)
-    version = meta.get("format_version")
+    version = meta.get(S.META_FORMAT_VERSION)
     if isinstance(version, int) and not isinstance(version, bool) and version > S.FORMAT_VERSION:
         raise LedgerError("%s: format version %s is newer than this stepledger reads (%d); upgrade stepledger"
                           % (path, version, S.FORMAT_VERSION))
@@ -760,14 +744,14 @@ class LedgerFile:
                     raise LedgerError("%s: column %s has shape %s and dtype %s, expected (%d,) %s"
                                       % (path, name, src.shape, src.dtype, total, np.dtype(dt)))
         expected = {}
-        if self.meta["keep_values"]:
-            for field, key in (("obs", "observation_space"), ("act", "action_space")):
+        if self.meta[S.META_KEEP_VALUES]:
+            for field, key in (("obs", S.META_OBS_SPACE), ("act", S.META_ACT_SPACE)):
                 for j, (dt, shape) in enumerate(self.leaves[key]):
                     expected[values_member(field, j)] = (_leaf_dtype(dt), (total,) + tuple(shape))
         for name in self.members:
             if name.startswith("values_") and name not in expected:
                 raise LedgerError("%s: member %s is not a kept value of this ledger (keep_values %s)"
-                                  % (path, name, json.dumps(self.meta["keep_values"])))
+                                  % (path, name, json.dumps(self.meta[S.META_KEEP_VALUES])))
         for name, (dt, shape) in expected.items():
             if name not in self.members:
                 raise LedgerError("%s: keep_values is true but member %s is missing" % (path, name))
@@ -778,7 +762,7 @@ class LedgerFile:
         for field in ("obs", "act"):  # values kept as their encoding: lengths (N,) <u4, bytes (M,) |u1
             lengths, data = S.ENCODED_LENGTH_MEMBER.format(field=field), S.ENCODED_MEMBER.format(field=field)
             if (lengths in self.members) != (data in self.members) or \
-                    lengths in self.members and not self.meta["keep_values"]:
+                    lengths in self.members and not self.meta[S.META_KEEP_VALUES]:
                 raise LedgerError("%s: members %s and %s come together, and only with keep_values"
                                   % (path, lengths, data))
             if lengths in self.members:
@@ -836,3 +820,41 @@ class LedgerFile:
             self.close()
         except Exception:
             pass
+
+
+def encoded_offsets(lf, field, rows):
+    """Where each event of ``rows`` (ascending) has its encoded value in the file's encoded
+    member: the sum of the lengths before it. One pass over the lengths."""
+    src = lf.source(S.ENCODED_LENGTH_MEMBER.format(field=field))
+    out, total, pos = [], 0, 0
+    for row in rows:
+        while pos < row:
+            stop = min(pos + CHUNK, row)
+            total += int(np.asarray(src.read(pos, stop), dtype=np.uint64).sum())
+            pos = stop
+        out.append(total)
+    return out
+
+
+def segment_from_file(path):
+    """A spilled segment as a Segment of columns read on demand, and its open file.
+
+    The columns are ``ledgerfile.Rows``, read in chunks while the final file
+    is written: neither loaded nor memory-mapped, so assembling a long ledger
+    from its segments keeps the process's memory bounded. The segment was
+    written by this process moments ago, so its CRCs are not checked again.
+    """
+    lf = LedgerFile(path, verify=False)
+    columns, values = {}, {}
+    value_names = [m for m in lf.members if m.startswith("values_")]
+    encoded = [f for f in ("obs", "act") if S.ENCODED_LENGTH_MEMBER.format(field=f) in lf.members]
+    starts = {f: encoded_offsets(lf, f, [int(x) for x in lf.offsets]) for f in encoded}
+    for k, s in enumerate(lf.stream_ids):
+        a, b = int(lf.offsets[k]), int(lf.offsets[k + 1])
+        columns[s] = {name: Rows(lf.source(name), a, b) for name in S.EVENT_COLUMN_NAMES}
+        values[s] = {name: Rows(lf.source(name), a, b) for name in value_names}
+        for f in encoded:  # the encoded values of this stream's events: their bytes, by their lengths
+            lengths, data = S.ENCODED_LENGTH_MEMBER.format(field=f), S.ENCODED_MEMBER.format(field=f)
+            values[s][lengths] = Rows(lf.source(lengths), a, b)
+            values[s][data] = Rows(lf.source(data), starts[f][k], starts[f][k + 1])
+    return Segment(columns, values), lf

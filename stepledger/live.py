@@ -73,8 +73,8 @@ def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
 def settings_of(reward_dtype, obs_layout, act_layout):
     """What both sides must record alike, as the ledger's meta names it (spaces by their digest signature)."""
     from .spaces import digest_signature
-    return {"reward_dtype": str(reward_dtype), "observation_space": digest_signature(obs_layout.description),
-            "action_space": digest_signature(act_layout.description)}
+    return {S.META_REWARD_DTYPE: str(reward_dtype), S.META_OBS_SPACE: digest_signature(obs_layout.description),
+            S.META_ACT_SPACE: digest_signature(act_layout.description)}
 
 
 def settings_message(reward_dtype, obs_layout, act_layout):

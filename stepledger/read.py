@@ -14,7 +14,7 @@ from . import _schema as S
 from . import storage
 from . import wording
 from .errors import LedgerError
-from .ledgerfile import CHUNK, LedgerFile, Rows, Segment, positions, spill_dir
+from .ledgerfile import CHUNK, LedgerFile, encoded_offsets, positions, spill_dir
 from ._fallback import decode_leaves
 from .spaces import digest_signature
 
@@ -81,7 +81,7 @@ class Stream:
         A value of another shape than its space's was kept as its encoding: its
         own leaves are returned, with their own shapes.
         """
-        if not self.meta.get("keep_values"):
+        if not self.meta.get(S.META_KEEP_VALUES):
             return None
         for p in self.pieces:
             n = p.stop - p.start
@@ -97,22 +97,8 @@ class Stream:
         return None
 
 
-def _encoded_offsets(lf, field, rows):
-    """Where each event of ``rows`` (ascending) has its encoded value in the file's encoded
-    member: the sum of the lengths before it. One pass over the lengths."""
-    src = lf.source(S.ENCODED_LENGTH_MEMBER.format(field=field))
-    out, total, pos = [], 0, 0
-    for row in rows:
-        while pos < row:
-            stop = min(pos + CHUNK, row)
-            total += int(np.asarray(src.read(pos, stop), dtype=np.uint64).sum())
-            pos = stop
-        out.append(total)
-    return out
-
-
 def _encoded_offset(lf, field, row):
-    return _encoded_offsets(lf, field, [row])[0]
+    return encoded_offsets(lf, field, [row])[0]
 
 
 def encoded_value(lf, field, row):
@@ -148,7 +134,7 @@ class Ledger:
 
     @property
     def side(self):
-        return self.meta.get("side")
+        return self.meta.get(S.META_SIDE)
 
     def n_events(self):
         return sum(len(s) for s in self.streams.values())
@@ -269,30 +255,6 @@ def leftovers(path):
     return out
 
 
-def segment_from_file(path):
-    """A spilled segment as a Segment of columns read on demand, and its open file.
-
-    The columns are ``ledgerfile.Rows``, read in chunks while the final file
-    is written: neither loaded nor memory-mapped, so assembling a long ledger
-    from its segments keeps the process's memory bounded. The segment was
-    written by this process moments ago, so its CRCs are not checked again.
-    """
-    lf = LedgerFile(path, verify=False)
-    columns, values = {}, {}
-    value_names = [m for m in lf.members if m.startswith("values_")]
-    encoded = [f for f in ("obs", "act") if S.ENCODED_LENGTH_MEMBER.format(field=f) in lf.members]
-    starts = {f: _encoded_offsets(lf, f, [int(x) for x in lf.offsets]) for f in encoded}
-    for k, s in enumerate(lf.stream_ids):
-        a, b = int(lf.offsets[k]), int(lf.offsets[k + 1])
-        columns[s] = {name: Rows(lf.source(name), a, b) for name in S.EVENT_COLUMN_NAMES}
-        values[s] = {name: Rows(lf.source(name), a, b) for name in value_names}
-        for f in encoded:  # the encoded values of this stream's events: their bytes, by their lengths
-            lengths, data = S.ENCODED_LENGTH_MEMBER.format(field=f), S.ENCODED_MEMBER.format(field=f)
-            values[s][lengths] = Rows(lf.source(lengths), a, b)
-            values[s][data] = Rows(lf.source(data), starts[f][k], starts[f][k + 1])
-    return Segment(columns, values), lf
-
-
 def _covering(files):
     """The segments of one writer that are current: a merged segment covers the ones it replaced."""
     covered = set()
@@ -379,7 +341,7 @@ def _meta_key(meta):
     only by what their values are digested over (sub-envs may differ in Box bounds, as
     observation_mode="different" allows); not what names the file (writer, run, times: PER_FILE_META)."""
     key = {k: v for k, v in meta.items() if k not in S.PER_FILE_META}
-    for name in ("observation_space", "action_space"):
+    for name in (S.META_OBS_SPACE, S.META_ACT_SPACE):
         if name in key:
             key[name] = digest_signature(key[name])
     return key

@@ -52,7 +52,7 @@ from . import storage
 from .__about__ import __version__
 from ._fallback import encode_leaves
 from .errors import LedgerError
-from .ledgerfile import Segment, spill_dir, values_member, write_ledger
+from .ledgerfile import Segment, segment_from_file, spill_dir, values_member, write_ledger
 from .uploader import RemoteLedger
 
 _OPEN = {}  # id -> Recording, for the exit handlers; strong refs so nothing is lost to GC
@@ -554,14 +554,14 @@ class Recording:
 
     def meta(self, state=S.STATE_OPEN, segment=None, through=None):
         meta = {
-            "format": S.FORMAT_NAME,
-            "format_version": S.FORMAT_VERSION,
-            "side": self.side,
-            "reward_dtype": self.reward_dtype.name,
-            "observation_space": self.obs_layout.description,
-            "action_space": self.act_layout.description,
-            "version": __version__,
-            "keep_values": self.keep_values,
+            S.META_FORMAT: S.FORMAT_NAME,
+            S.META_FORMAT_VERSION: S.FORMAT_VERSION,
+            S.META_SIDE: self.side,
+            S.META_REWARD_DTYPE: self.reward_dtype.name,
+            S.META_OBS_SPACE: self.obs_layout.description,
+            S.META_ACT_SPACE: self.act_layout.description,
+            S.META_VERSION: __version__,
+            S.META_KEEP_VALUES: self.keep_values,
             S.META_RUN: self.run,
             S.META_WRITER: self.writer,
             S.META_STARTED: round(self.started, 3),
@@ -854,11 +854,6 @@ class Recording:
         with _LOCK:
             _OPEN.pop(id(self), None)
         _reschedule()
-
-
-def segment_from_file(path):
-    from .read import segment_from_file as read_segment  # a spilled segment read back in chunks
-    return read_segment(path)
 
 
 def _size(path):

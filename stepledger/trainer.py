@@ -140,7 +140,7 @@ class TrainerLedger:
             self.recording = None
             buffers = [core.StreamBuffer(16) for _ in range(n)]
         else:
-            meta = {} if self.autoreset_mode is None else {"autoreset_mode": self.autoreset_mode}
+            meta = {} if self.autoreset_mode is None else {S.META_AUTORESET: self.autoreset_mode}
             self.recording = Recording(path, "trainer", range(n), obs_layout, act_layout, dtype, keep_values,
                                        meta, interval, owner)
             buffers = self.recording.buffers

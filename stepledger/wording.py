@@ -224,14 +224,14 @@ def check_verdict(n_located, n_exercised, ok, short=None):
 
 # ---------------------------------------------------------------- settings
 
-SETTING_NAMES = {"reward_dtype": "reward dtype", "observation_space": "observation space",
-                 "action_space": "action space"}
+SETTING_NAMES = {S.META_REWARD_DTYPE: "reward dtype", S.META_OBS_SPACE: "observation space",
+                 S.META_ACT_SPACE: "action space"}
 
 
 def different_settings(key, env_text, trainer_text):
     """The two sides recorded with different settings: offline compare and the live check both say this."""
     msg = "the two sides recorded different %ss: env %s, trainer %s" % (SETTING_NAMES[key], env_text, trainer_text)
-    if key == "reward_dtype":
+    if key == S.META_REWARD_DTYPE:
         return msg + "; pass the same reward_dtype to both sides"
     return msg + ("; a wrapper that changes the space (VecFrameStack, NormalizeObservation, ...) probably sits "
                   "between a ledger and the vector env: %s" % PLACEMENT)
@@ -250,9 +250,9 @@ def settings_difference(env_meta, trainer_meta):
 
 def differing_setting(a_meta, b_meta):
     """(key, a's value as JSON, b's) of the first setting two ledgers recorded differently, or None."""
-    for key in SETTING_NAMES:
+    for key in S.SETTINGS:
         a, b = a_meta.get(key), b_meta.get(key)
-        if (digest_signature(a) != digest_signature(b)) if key != "reward_dtype" else a != b:
+        if (digest_signature(a) != digest_signature(b)) if key != S.META_REWARD_DTYPE else a != b:
             return key, json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True)
     return None
 
