@@ -77,12 +77,6 @@ def duplicate_live_index(env, index, other):
             "index=%d; %s" % (env, index, other, index, INDEX_QUESTION))
 
 
-def wrong_live_index(env, index):
-    """The first live token of an env carries another index."""
-    return ("env %d receives the live tokens of LedgerEnv(index=%d) from its first event: %s"
-            % (env, index, INDEX_QUESTION))
-
-
 def overwritten_ledger(path, index):
     """A LedgerEnv about to replace a ledger file another LedgerEnv wrote during this one's run."""
     return ("LedgerEnv(index=%d): %s was written by another LedgerEnv since this one started, and this write "
