@@ -58,19 +58,25 @@ def _progress(label):
     return Progress("stepledger %s:" % label)
 
 
-def _compare(args):
-    from .compare import compare
-    progress = _progress("compare, envs")
+def _report(args, command, check):
+    """Run ``check(progress)`` for ``stepledger COMMAND``, print its report (text or JSON), write --junit."""
+    progress = _progress("%s, envs" % command)
     try:
-        trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
-        report = compare(args.env_dir, trainers, count_all=args.all, progress=progress)
+        report = check(progress)
     finally:
         progress.done()
     if args.junit:
         from .junit import write_junit
-        write_junit(args.junit, report, "stepledger compare")
+        write_junit(args.junit, report, "stepledger %s" % command)
     print(report.to_json() if args.json else str(report))
     return EXIT_OK if report.ok else EXIT_DIFFER
+
+
+def _compare(args):
+    from .compare import compare
+    trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
+    return _report(args, "compare", lambda progress: compare(args.env_dir, trainers, count_all=args.all,
+                                                             progress=progress))
 
 
 def _show(args):
@@ -305,17 +311,8 @@ def _add_check(sub):
 
 def _episodes(args):
     from .episodes import check_episodes
-    progress = _progress("episodes, envs")
-    try:
-        report = check_episodes(args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol,
-                                atol=args.atol, progress=progress)
-    finally:
-        progress.done()
-    if args.junit:
-        from .junit import write_junit
-        write_junit(args.junit, report, "stepledger episodes")
-    print(report.to_json() if args.json else str(report))
-    return EXIT_OK if report.ok else EXIT_DIFFER
+    return _report(args, "episodes", lambda progress: check_episodes(
+        args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol, atol=args.atol, progress=progress))
 
 
 def _add_episodes(sub):

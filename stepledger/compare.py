@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 
-from . import _jsonout
 from . import _schema as S
 from . import core
 from . import storage
 from . import wording
+from ._report import DifferenceReport
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
 from .read import FIRST_EVENTS, MergedLedger, env_index_of, pid_state, read, read_ledger, read_trainers
@@ -107,7 +107,7 @@ class EnvDifference:
         return d
 
 
-class Report:
+class Report(DifferenceReport):
     """The result of a comparison. Truthy when the two sides agree everywhere.
 
     ``differences`` holds one EnvDifference per differing env, in env order;
@@ -126,13 +126,6 @@ class Report:
         # did not end cleanly, ledgers of other runs left out, ledgers still being written.
         self.notes = list(notes)
         self.trainer_files = []  # the names of the trainer files compared
-
-    @property
-    def ok(self):
-        return not self.differences
-
-    def __bool__(self):
-        return self.ok
 
     def by_env(self):
         return {d.env: d for d in self.differences}
@@ -154,9 +147,6 @@ class Report:
         out += self.hints
         return out
 
-    def __str__(self):
-        return "\n".join(self.lines())
-
     def __repr__(self):
         return "<Report ok=%s: %d of %d envs differ>" % (self.ok, len(self.differences), len(self.envs))
 
@@ -166,8 +156,6 @@ class Report:
                 "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes),
                 "trainer_files": list(self.trainer_files)}
 
-    def to_json(self):
-        return _jsonout.dumps(self.to_dict())
 
 
 _JSON_VALUES_LIMIT = 4096  # elements; a larger kept value appears in JSON as its shortened text

@@ -157,15 +157,16 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
     if not final:
         level = dict.fromkeys(level, 0)
 
-    def column_chunks(name):
+    def piece_chunks(part, name, rows):
+        """A member's chunks of ``rows`` rows: each stream's, from each segment's ``part`` (columns or values)."""
         def gen():
             for s in stream_ids:
                 for seg in segments:
-                    cols = seg.columns.get(s)
-                    if cols is not None:
-                        arr = cols[name]
-                        for i in range(0, arr.shape[0], CHUNK):
-                            yield arr[i:i + CHUNK]
+                    arrays = getattr(seg, part).get(s)
+                    if arrays is not None:
+                        arr = arrays[name]
+                        for i in range(0, arr.shape[0], rows):
+                            yield arr[i:i + rows]
         return gen
 
     def position_chunks(which):
@@ -181,17 +182,6 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
                             yield episode if which == "episode" else step
         return gen
 
-    def value_chunks(member, rows):
-        def gen():
-            for s in stream_ids:
-                for seg in segments:
-                    vals = seg.values.get(s)
-                    if vals is not None:
-                        arr = vals[member]
-                        for i in range(0, arr.shape[0], rows):
-                            yield arr[i:i + rows]
-        return gen
-
     meta_arr = np.array(json.dumps(meta, sort_keys=True))
     ids = np.asarray(stream_ids, dtype=np.int64)
     members = [
@@ -200,7 +190,7 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
         _Member(S.STREAM_OFFSETS_MEMBER, np.int64, offsets.shape, lambda: [offsets], level[S.STREAM_OFFSETS_MEMBER]),
     ]
     for name, dt in S.EVENT_COLUMNS:
-        members.append(_Member(name, dt, (total,), column_chunks(name), level[name]))
+        members.append(_Member(name, dt, (total,), piece_chunks("columns", name, CHUNK), level[name]))
     if final:
         for name, dt in S.POSITION_COLUMNS:
             members.append(_Member(name, dt, (total,), position_chunks(name), level[name]))
@@ -208,12 +198,12 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
         if row_shape is None:  # not one row an event: as long as its pieces together
             length = sum(int(vals[member].shape[0]) for seg in segments for s in stream_ids
                          for vals in [seg.values.get(s)] if vals is not None)
-            members.append(_Member(member, dt, (length,), value_chunks(member, VALUE_CHUNK_BYTES),
+            members.append(_Member(member, dt, (length,), piece_chunks("values", member, VALUE_CHUNK_BYTES),
                                    S.VALUES_LEVEL if final else 0))
             continue
         row_bytes = np.dtype(dt).itemsize * int(np.prod(row_shape, dtype=np.int64))
         rows = max(1, VALUE_CHUNK_BYTES // max(1, row_bytes))
-        members.append(_Member(member, dt, (total,) + tuple(row_shape), value_chunks(member, rows),
+        members.append(_Member(member, dt, (total,) + tuple(row_shape), piece_chunks("values", member, rows),
                                S.VALUES_LEVEL if final else 0))
     _write_zip(path, members)
     return total

@@ -8,8 +8,8 @@ when that order can be derived from the ledgers, else as a multiset of
 
 import numpy as np
 
-from .. import _jsonout
 from .. import wording
+from .._report import DifferenceReport
 from ..errors import LedgerError
 from .derive import recorded_episodes
 from .logs import as_log
@@ -62,7 +62,7 @@ class EpisodeDifference:
         return d
 
 
-class EpisodeReport:
+class EpisodeReport(DifferenceReport):
     """The result of an episode check. Truthy when the log agrees with the env's record.
 
     ``differences`` holds EpisodeDifference lines; ``mode`` is how the log's
@@ -81,13 +81,6 @@ class EpisodeReport:
         self.log_source, self.log_kind = log.source, log.kind
         self.rtol, self.atol = rtol, atol
         self.order_note = order_note
-
-    @property
-    def ok(self):
-        return not self.differences
-
-    def __bool__(self):
-        return self.ok
 
     def envs_differ(self):
         return sorted({d.env for d in self.differences if d.env is not None})
@@ -115,9 +108,6 @@ class EpisodeReport:
             out.append(wording.PARTIAL_EPISODES)
         return out
 
-    def __str__(self):
-        return "\n".join(self.lines())
-
     def __repr__(self):
         return "<EpisodeReport ok=%s mode=%s: %d differences, %d episodes compared>" % (
             self.ok, self.mode, len(self.differences), self.n_compared)
@@ -136,8 +126,6 @@ class EpisodeReport:
             "lines": self.lines(),
         }
 
-    def to_json(self):
-        return _jsonout.dumps(self.to_dict())
 
 
 # ---------------------------------------------------------------- matching
