@@ -2,7 +2,10 @@
 
 An episode is a reset event and the step events after it, up to and including
 the first step with terminated or truncated (see ``stepledger.episodes``).
-Ledgers are read chunk by chunk; one summary row per completed episode is kept.
+Ledgers are read chunk by chunk. ``recorded_episodes`` keeps one summary row
+per completed episode; the episode check keeps only the rows a log can be
+paired with (``FirstPerEnv``, ``Earliest``), so that its memory is bounded by
+the log's length (which the log readers bound), not by the ledger's.
 """
 
 import numpy as np
@@ -31,15 +34,26 @@ class RecordedEpisodes:
     episode numbers ended by a reset before terminated or truncated, an int64 array),
     ``stray_steps`` (env -> steps outside any episode), ``total_steps`` (env ->
     step events) and ``envs`` (every stream's env index).
+
+    ``counts`` (env -> completed episodes) counts every completed episode,
+    kept or not; ``beyond`` (env -> episode number) names each env's first
+    completed episode that was not kept, where some were not (the episode
+    check keeps only what a log can be paired with). ``len()`` is the number
+    of completed episodes.
     """
 
-    def __init__(self, columns, unfinished, cut, stray_steps, total_steps, envs, partial):
+    def __init__(self, columns, unfinished, cut, stray_steps, total_steps, envs, partial, counts=None, beyond=None):
         self.columns = columns
         self.unfinished, self.cut, self.stray_steps = unfinished, cut, stray_steps
         self.total_steps, self.envs, self.partial = total_steps, envs, partial
+        if counts is None:
+            found, n = np.unique(columns["env"], return_counts=True)
+            counts = {int(e): int(c) for e, c in zip(found, n)}
+        self.counts = counts
+        self.beyond = dict(beyond or {})
 
     def __len__(self):
-        return int(self.columns["env"].shape[0])
+        return sum(self.counts.values())
 
     def of_env(self, env):
         sel = self.columns["env"] == env
@@ -52,7 +66,87 @@ class RecordedEpisodes:
         only = lambda d: {e: v for e, v in d.items() if e in keep}  # noqa: E731
         return RecordedEpisodes({k: v[sel] for k, v in self.columns.items()}, only(self.unfinished), only(self.cut),
                                 only(self.stray_steps), only(self.total_steps), [e for e in self.envs if e in keep],
-                                self.partial)
+                                self.partial, only(self.counts), only(self.beyond))
+
+
+COLUMNS = (("env", np.int64), ("episode", np.int64), ("length", np.int64), ("ret", np.float64),
+           ("ret32", np.float32), ("abs_sum", np.float64), ("end_step", np.int64))
+
+
+def _concat(parts):
+    return {k: (np.concatenate(parts[k]) if parts[k] else np.empty(0, dt)) for k, dt in COLUMNS}
+
+
+class KeepAll:
+    """Keeps every completed episode's row."""
+
+    def __init__(self):
+        self.parts = {k: [] for k, _ in COLUMNS}
+        self.beyond = {}
+
+    def add(self, rows):
+        for k, _ in COLUMNS:
+            self.parts[k].append(rows[k])
+
+    def columns(self):
+        return _concat(self.parts)
+
+
+class FirstPerEnv(KeepAll):
+    """Keeps each env's first ``limits[env]`` completed episodes and one more (the first one a log
+    pairing per env leaves over): what a log with env indices is compared with."""
+
+    def __init__(self, limits):
+        super().__init__()
+        self.room = {e: int(n) + 1 for e, n in limits.items()}
+
+    def add(self, rows):
+        if not rows["env"].size:
+            return
+        env = int(rows["env"][0])
+        room = self.room.get(env, 1)
+        if room < rows["env"].size and env not in self.beyond:
+            self.beyond[env] = int(rows["episode"][room])
+        self.room[env] = max(0, room - int(rows["env"].size))
+        if room:
+            super().add({k: v[:room] for k, v in rows.items()})
+
+
+class Earliest(KeepAll):
+    """Keeps the ``k`` completed episodes that ended first across all envs, in completion order (the
+    vector step each ended at, then env index): what a log without env indices is paired with in order.
+    Rows are dropped as they come, so that no more than about 2k are held at once."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k, self.held = int(k), 0
+        self._beyond_end = {}  # env -> end_step of its episode in beyond
+
+    def add(self, rows):
+        super().add(rows)
+        self.held += int(rows["env"].size)
+        if self.held > 2 * self.k + (1 << 16):
+            self._trim()
+
+    def _trim(self):
+        cols = _concat(self.parts)
+        order = np.lexsort((cols["env"], cols["end_step"]))
+        drop = order[self.k:]
+        for env in np.unique(cols["env"][drop]):
+            mine = drop[cols["env"][drop] == env]
+            first = int(mine[np.argmin(cols["end_step"][mine])])
+            e = int(env)
+            # an env's episodes end in order: the earliest dropped one is its first not kept
+            if e not in self.beyond or cols["end_step"][first] < self._beyond_end[e]:
+                self.beyond[e] = int(cols["episode"][first])
+                self._beyond_end[e] = int(cols["end_step"][first])
+        keep = np.sort(order[:self.k])  # back in env, episode order
+        self.parts = {k: [v[keep]] for k, v in cols.items()}
+        self.held = int(keep.size)
+
+    def columns(self):
+        self._trim()
+        return _concat(self.parts)
 
 
 class _Carry:
@@ -97,8 +191,10 @@ def _running_f32(r32, starts, lengths, init):
     return out
 
 
-def _stream_episodes(stream, reward_dtype, rows, cut, chunk=CHUNK):
-    """Append one stream's completed episodes to ``rows`` (lists by column); return its carry."""
+def _stream_episodes(stream, reward_dtype, keeper, cut, chunk=CHUNK):
+    """Hand one stream's completed episodes to ``keeper``, a chunk at a time; return its carry and
+    how many episodes were completed."""
+    completed = 0
     c = _Carry()
     for part in stream.chunks(names=("kind", "h_rew", "terminated", "truncated"), size=chunk):
         kind = np.asarray(part["kind"])
@@ -143,13 +239,10 @@ def _stream_episodes(stream, reward_dtype, rows, cut, chunk=CHUNK):
         epno = c.ep + np.arange(nseg, dtype=np.int64)
 
         done = np.flatnonzero(ended & active0)
-        rows["env"].append(np.full(done.size, stream.index, dtype=np.int64))
-        rows["episode"].append(epno[done])
-        rows["length"].append(cnt[done])
-        rows["ret"].append(s64[done])
-        rows["ret32"].append(s32[done])
-        rows["abs_sum"].append(sabs[done])
-        rows["end_step"].append(end_step[done])
+        keeper.add({"env": np.full(done.size, stream.index, dtype=np.int64), "episode": epno[done],
+                    "length": cnt[done], "ret": s64[done], "ret32": s32[done], "abs_sum": sabs[done],
+                    "end_step": end_step[done]})
+        completed += int(done.size)
         # segments followed by a reset, still running when it came: cut off
         cut_here = epno[:-1][active0[:-1] & ~ended[:-1]]
         cut_here = cut_here[cut_here >= 0]
@@ -163,7 +256,7 @@ def _stream_episodes(stream, reward_dtype, rows, cut, chunk=CHUNK):
             c.n, c.s64, c.s32, c.sabs = int(cnt[lastseg]), float(s64[lastseg]), s32[lastseg], float(sabs[lastseg])
         else:
             c.n, c.s64, c.s32, c.sabs = 0, 0.0, np.float32(0.0), 0.0
-    return c
+    return c, completed
 
 
 _REFUSE_TRAINER = ("%s: a trainer-side ledger; the episode check reads the env-side ledgers, the directory "
@@ -175,6 +268,43 @@ _REFUSE_TRAINER = ("%s: a trainer-side ledger; the episode check reads the env-s
 EPISODE_CHUNK = 1 << 18
 
 
+def open_env_ledger(env_dir):
+    """The env-side ledgers in ``env_dir``, read (LedgerError when they are not, or are the trainer's)."""
+    ledger = read(env_dir)
+    try:
+        if ledger.side == "trainer":
+            raise LedgerError(_REFUSE_TRAINER % env_dir)
+        if ledger.side != "env":
+            raise LedgerError("%s: not an env-side ledger (side %r)" % (env_dir, ledger.side))
+        if ledger.meta.get(S.META_REWARD_DTYPE) not in S.REWARD_DTYPES:
+            raise LedgerError("%s: unknown reward dtype %r" % (env_dir, ledger.meta.get(S.META_REWARD_DTYPE)))
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger
+
+
+def derive(ledger, keeper=None, envs=None, chunk=EPISODE_CHUNK, progress=None):
+    """The RecordedEpisodes of an open env ledger's streams (those in ``envs`` if given); ``keeper``
+    (KeepAll by default) says which rows are kept."""
+    keeper = KeepAll() if keeper is None else keeper
+    reward_dtype = ledger.meta.get(S.META_REWARD_DTYPE)
+    streams = [(idx, st) for idx, st in ledger.streams.items() if envs is None or idx in envs]
+    unfinished, cut, stray, total, counts = {}, {}, {}, {}, {}
+    for k, (idx, stream) in enumerate(streams):
+        with np.errstate(over="ignore", invalid="ignore"):  # sums of inf and NaN rewards are data too
+            c, counts[idx] = _stream_episodes(stream, reward_dtype, keeper, cut, chunk)
+        if c.active:
+            unfinished[idx] = (c.ep, c.n)
+        stray[idx], total[idx] = c.stray, c.steps
+        if progress is not None:
+            progress(k + 1, len(streams))
+    columns = keeper.columns()
+    cut = {e: np.concatenate(v) for e, v in cut.items()}
+    return RecordedEpisodes(columns, unfinished, cut, stray, total, sorted(idx for idx, _ in streams), ledger.partial,
+                            {e: n for e, n in counts.items() if n}, keeper.beyond)
+
+
 def recorded_episodes(env_dir, chunk=EPISODE_CHUNK, progress=None):
     """Derive every env's completed episodes from the env-side ledgers in ``env_dir``.
 
@@ -182,29 +312,8 @@ def recorded_episodes(env_dir, chunk=EPISODE_CHUNK, progress=None):
     LedgerError when ``env_dir`` holds no readable env-side ledger.
     ``progress(done, total)``, if given, is called after each env.
     """
-    ledger = read(env_dir)
+    ledger = open_env_ledger(env_dir)
     try:
-        if ledger.side == "trainer":
-            raise LedgerError(_REFUSE_TRAINER % env_dir)
-        if ledger.side != "env":
-            raise LedgerError("%s: not an env-side ledger (side %r)" % (env_dir, ledger.side))
-        reward_dtype = ledger.meta.get(S.META_REWARD_DTYPE)
-        if reward_dtype not in S.REWARD_DTYPES:
-            raise LedgerError("%s: unknown reward dtype %r" % (env_dir, reward_dtype))
-        names = ("env", "episode", "length", "ret", "ret32", "abs_sum", "end_step")
-        rows = {k: [] for k in names}
-        unfinished, cut, stray, total = {}, {}, {}, {}
-        for k, (idx, stream) in enumerate(ledger.streams.items()):
-            with np.errstate(over="ignore", invalid="ignore"):  # sums of inf and NaN rewards are data too
-                c = _stream_episodes(stream, reward_dtype, rows, cut, chunk)
-            if c.active:
-                unfinished[idx] = (c.ep, c.n)
-            stray[idx], total[idx] = c.stray, c.steps
-            if progress is not None:
-                progress(k + 1, len(ledger.streams))
-        dtypes = {"ret": np.float64, "ret32": np.float32, "abs_sum": np.float64}
-        columns = {k: (np.concatenate(v) if v else np.empty(0, dtypes.get(k, np.int64))) for k, v in rows.items()}
-        cut = {e: np.concatenate(v) for e, v in cut.items()}
-        return RecordedEpisodes(columns, unfinished, cut, stray, total, sorted(ledger.streams), ledger.partial)
+        return derive(ledger, chunk=chunk, progress=progress)
     finally:
         ledger.close()

@@ -11,7 +11,7 @@ import numpy as np
 from .. import wording
 from .._report import DifferenceReport
 from ..errors import LedgerError
-from .derive import recorded_episodes
+from .derive import Earliest, FirstPerEnv, KeepAll, derive, open_env_ledger
 from .logs import as_log
 
 RTOL = 1e-5
@@ -178,8 +178,8 @@ def _by_env(recorded, log, rtol, atol):
         if e not in recorded.envs:
             diffs.append(EpisodeDifference(e, "log_only", n_logged=int(sel.size), n_recorded=0))
             continue
-        rec = recorded.of_env(e)
-        n_rec, n_log = len(rec["env"]), int(sel.size)
+        rec = recorded.of_env(e)  # its first n_log + 1 episodes at least
+        n_rec, n_log = recorded.counts.get(e, 0), int(sel.size)
         k = min(n_rec, n_log)
         d, j, bad = _first_bad(e, _take(rec, slice(0, k)), log.r[sel[:k]], log.l[sel[:k]], rtol, atol, n_log,
                                n_rec)
@@ -198,22 +198,22 @@ def _in_order(recorded, log, rtol, atol):
     cols = recorded.columns
     order = np.lexsort((cols["env"], cols["end_step"]))
     rec = _take(cols, order)
-    k = min(len(order), len(log))
+    k = min(len(recorded), len(log))  # the recorded episodes kept: the k that ended first at least
     envs = list(recorded.envs)
     ok = _agree(log.r[:k], log.l[:k], _take(rec, slice(0, k)), rtol, atol)
     diffs, n_differ = [], int(np.count_nonzero(~ok))
     for e in envs:
         mine = np.flatnonzero(rec["env"] == e)
         paired = mine[mine < k]
-        n_rec = int(mine.size)
+        n_rec = recorded.counts.get(e, 0)
         n_log = int(paired.size)
         bad = paired[~ok[paired]]
         if bad.size:
             j = int(bad[0])
             diffs.append(_episode_diff(e, rec, j, log.r[j], log.l[j], rtol, atol, j, n_log, n_rec, int(bad.size)))
         elif n_rec != n_log:
-            diffs.append(EpisodeDifference(e, "count", int(rec["episode"][mine[n_log]]), n_logged=n_log,
-                                           n_recorded=n_rec))
+            first = int(rec["episode"][mine[n_log]]) if mine.size > n_log else recorded.beyond[e]
+            diffs.append(EpisodeDifference(e, "count", first, n_logged=n_log, n_recorded=n_rec))
     if len(log) > k:
         diffs.append(EpisodeDifference(None, "extra", index=k, logged=(float(log.r[k]), int(log.l[k])),
                                        n_logged=len(log) - k))
@@ -293,23 +293,30 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
         raise ValueError("match must be one of %s, got %r" % (", ".join(MATCH_MODES), match))
     if not (rtol >= 0 and atol >= 0):
         raise ValueError("rtol and atol must be non-negative")
-    recorded = recorded_episodes(env_dir, progress=progress)
-    log = as_log(log, env)
-    if log.covers is not None:  # a log of some envs only: check those
-        recorded = recorded.restrict(log.covers)
-    steps = set(recorded.total_steps.values())
-    derivable = len(steps) <= 1
-    note = None
-    if match == "auto":
-        mode = "env" if log.env is not None else ("order" if derivable else "multiset")
-        if mode == "multiset":
-            note = wording.MULTISET_BY_DEFAULT
-    else:
-        mode = match
+    ledger = open_env_ledger(env_dir)
+    try:
+        log = as_log(log, env)
+        # Only what the log can be paired with is kept: memory bounded by the log, not by the ledgers
+        # (as a multiset, every recorded episode is a candidate for every logged one).
+        covers = None if log.covers is None else set(log.covers)  # a log of some envs only: check those
+        mode = match if match != "auto" else ("env" if log.env is not None else "order")
+        if mode == "env":
+            if log.env is None:
+                raise LedgerError("%s: the log has no env index; pass env=N (--env N) or match it in order or as "
+                                  "a multiset" % log.source)
+            found, n = np.unique(log.env, return_counts=True)
+            keeper = FirstPerEnv({int(e): int(c) for e, c in zip(found, n)})
+        else:
+            keeper = Earliest(len(log)) if mode == "order" else KeepAll()
+        recorded = derive(ledger, keeper, covers, progress=progress)
+        derivable = len(set(recorded.total_steps.values())) <= 1
+        note = None
+        if match == "auto" and mode == "order" and not derivable:
+            mode, note = "multiset", wording.MULTISET_BY_DEFAULT
+            recorded = derive(ledger, KeepAll(), covers, progress=progress)
+    finally:
+        ledger.close()
     if mode == "env":
-        if log.env is None:
-            raise LedgerError("%s: the log has no env index; pass env=N (--env N) or match it in order or as a "
-                              "multiset" % log.source)
         envs, diffs, n_compared, n_differ = _by_env(recorded, log, rtol, atol)
     elif mode == "order":
         envs, diffs, n_compared, n_differ = _in_order(recorded, log, rtol, atol)
