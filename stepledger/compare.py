@@ -194,14 +194,6 @@ def _digest_format(version):
 CLOCK_SLACK = 2.0
 
 
-def _when(t):
-    """A Unix time as the report prints it: the time of day, and the date unless it is today."""
-    local = time.localtime(t)
-    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
-        return time.strftime("%H:%M:%S", local)
-    return time.strftime("%Y-%m-%d %H:%M:%S", local)
-
-
 def other_run(env_meta, trainer_meta):
     """Why an env ledger is not of the trainer ledger's run, or None if it is (or cannot be told).
 
@@ -214,19 +206,15 @@ def other_run(env_meta, trainer_meta):
     if er and tr:
         if er == tr:
             return None
-        written = env_meta.get(S.META_UPDATED)
-        return "is from another run (run %s%s; this trainer ledger is run %s)" % (
-            er, ", written %s" % _when(written) if isinstance(written, (int, float)) else "", tr)
+        return wording.other_run_id(er, env_meta.get(S.META_UPDATED), tr)
     e_started, e_updated = env_meta.get(S.META_STARTED), env_meta.get(S.META_UPDATED)
     t_started, t_updated = trainer_meta.get(S.META_STARTED), trainer_meta.get(S.META_UPDATED)
     if not all(isinstance(t, (int, float)) for t in (e_started, e_updated, t_started, t_updated)):
         return None  # format version 1: no times to go by
     if e_updated < t_started - CLOCK_SLACK:
-        return "is from another run (written %s, before this trainer ledger began at %s)" % (
-            _when(e_updated), _when(t_started))
+        return wording.other_run_before(e_updated, t_started)
     if trainer_meta.get(S.META_STATE) != S.STATE_OPEN and e_started > t_updated + CLOCK_SLACK:
-        return "is from another run (begun %s, after this trainer ledger ended at %s)" % (
-            _when(e_started), _when(t_updated))
+        return wording.other_run_after(e_started, t_updated)
     return None
 
 
@@ -246,15 +234,8 @@ def how_it_ended(meta):
     """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
     if state == S.STATE_OPEN:
-        alive = _writer_alive(meta)
-        if alive:
-            return "in progress"
-        if alive is False:
-            return "not closed (its process is gone)"
-        return "not closed"
-    return {S.STATE_INTERRUPTED: "interrupted (an exception escaped a step or reset)",
-            S.STATE_EXIT: "written as its process exited without close()",
-            S.STATE_SIGNAL: "written when its process got SIGTERM"}.get(state)
+        return wording.still_open(_writer_alive(meta))
+    return wording.ENDED.get(state)
 
 
 def _ledger_note(name, meta, events):
@@ -262,9 +243,7 @@ def _ledger_note(name, meta, events):
     ended = how_it_ended(meta)
     if ended is None:
         return None
-    updated = meta.get(S.META_UPDATED)
-    when = ", last written %s" % _when(updated) if isinstance(updated, (int, float)) else ""
-    return "%s: %s%s, %s events so far" % (name, ended, when, f"{events:,}")
+    return wording.ledger_note(name, ended, meta.get(S.META_UPDATED), events)
 
 
 def _env_notes(env_ledger, env_dir):
@@ -274,12 +253,7 @@ def _env_notes(env_ledger, env_dir):
         ended = how_it_ended(stream.meta)
         if ended is not None:
             groups.setdefault(ended, []).append(idx)
-    lines = []
-    for ended, idxs in sorted(groups.items()):
-        names = ", ".join("env-%d.npz" % i for i in idxs[:4]) + (" and %d more" % (len(idxs) - 4)
-                                                                  if len(idxs) > 4 else "")
-        lines.append("%s: %s %s" % (env_dir, names, ended))
-    return lines
+    return [wording.env_files_ended(env_dir, idxs, ended) for ended, idxs in sorted(groups.items())]
 
 
 def _ends_note(env_id, es, ts):
@@ -289,14 +263,9 @@ def _ends_note(env_id, es, ts):
         which, gap = "env", n_tr - n_env
     else:
         which, gap = "trainer", n_env - n_tr
-    why = []
-    for side, meta in (("env", es.meta), ("trainer", ts.meta)):
-        ended = how_it_ended(meta)
-        if ended is not None:
-            why.append("the %s ledger %s %s" % (side, "is" if ended == "in progress" else "was", ended))
-    return ("env %d: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
-            "the %d events both sides have agree" % (env_id, which, gap, "" if gap == 1 else "s", "; ".join(why),
-                                                     min(n_env, n_tr)))
+    why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
+    return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
+                              min(n_env, n_tr))
 
 
 # ---------------------------------------------------------------- values
@@ -619,7 +588,7 @@ def this_run(named):
         groups[-1].append(k)
         end = max(end, spans[k][1])
     current = groups[-1]
-    lines = [wording.earlier_trainer_run(named[k][0], _when(spans[k][1]), _when(spans[current[0]][0]),
+    lines = [wording.earlier_trainer_run(named[k][0], wording.when(spans[k][1]), wording.when(spans[current[0]][0]),
                                          named[current[0]][0]) for g in groups[:-1] for k in g]
     return [named[k] for k in sorted(current)], lines
 
@@ -717,16 +686,14 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             raise LedgerError(wording.wrong_order(env_dir, trainer_file))
         check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
         meta = env_ledger.meta
-        notes = ["%s %s: not compared" % (name, reason) for name, reason in env_ledger.skipped]
+        notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
         for name, idx, dup_meta in env_ledger.duplicates:
-            notes.append("%s and env-%d.npz both recorded env %d at the same time: two LedgerEnvs were given "
-                         "index=%d; %s was not compared" % (name, idx, idx, idx, name))
+            notes.append(wording.recorded_twice(name, idx))
         notes += _unindexed_notes(env_ledger, tr_ledger)
         for idx, stream in env_ledger.streams.items():
             position = stream.meta.get(S.META_POSITION)
             if isinstance(position, int) and position != idx:
-                notes.append("env-%d.npz: its LedgerEnv is env %d of the trainer's vector env (the trainer side "
-                             "told it so): is index= each env's position in the vector env?" % (idx, position))
+                notes.append(wording.told_position(idx, position))
         # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
         # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
         envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})

@@ -7,6 +7,7 @@ is worded by ``difference_line`` from the texts of ``event_values``.
 """
 
 import json
+import time
 
 import numpy as np
 
@@ -377,6 +378,85 @@ def envs_differ(n_differ, n_envs):
 
 
 VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
+
+
+# ---------------------------------------------------------------- runs and how they ended (compare's notes)
+
+def when(t):
+    """A Unix time as the report prints it: the time of day, and the date unless it is today."""
+    local = time.localtime(t)
+    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", local)
+    return time.strftime("%Y-%m-%d %H:%M:%S", local)
+
+
+def other_run_id(run, written, trainer_run):
+    """Why an env ledger is of another run: its run id is another (``written``: when, if known)."""
+    return "is from another run (run %s%s; this trainer ledger is run %s)" % (
+        run, ", written %s" % when(written) if isinstance(written, (int, float)) else "", trainer_run)
+
+
+def other_run_before(updated, trainer_started):
+    return "is from another run (written %s, before this trainer ledger began at %s)" % (
+        when(updated), when(trainer_started))
+
+
+def other_run_after(started, trainer_updated):
+    return "is from another run (begun %s, after this trainer ledger ended at %s)" % (
+        when(started), when(trainer_updated))
+
+
+# How a recording had ended when its file was written (its meta's state), where it did not close cleanly.
+ENDED = {S.STATE_INTERRUPTED: "interrupted (an exception escaped a step or reset)",
+         S.STATE_EXIT: "written as its process exited without close()",
+         S.STATE_SIGNAL: "written when its process got SIGTERM"}
+IN_PROGRESS = "in progress"
+
+
+def still_open(alive):
+    """A recording whose file says it is open; ``alive``: its writer runs (True), is gone (False), unknown."""
+    if alive:
+        return IN_PROGRESS
+    return "not closed (its process is gone)" if alive is False else "not closed"
+
+
+def ledger_note(name, ended, updated, events):
+    """A ledger that was not closed cleanly: how it ended, when it was last written, how much it holds."""
+    last = ", last written %s" % when(updated) if isinstance(updated, (int, float)) else ""
+    return "%s: %s%s, %s events so far" % (name, ended, last, f"{events:,}")
+
+
+def env_files_ended(env_dir, indices, ended):
+    """The env files of ``env_dir`` that ended one way, at most four named."""
+    names = ", ".join("env-%d.npz" % i for i in indices[:4]) + (
+        " and %d more" % (len(indices) - 4) if len(indices) > 4 else "")
+    return "%s: %s %s" % (env_dir, names, ended)
+
+
+def ends_apart(env, which, gap, endings, shared):
+    """Streams that agree as far as both go, in a run that did not end cleanly: ``which`` side stopped
+    ``gap`` events before the other's end; ``endings`` lists (side, how its ledger ended)."""
+    why = "; ".join("the %s ledger %s %s" % (side, "is" if ended == IN_PROGRESS else "was", ended)
+                    for side, ended in endings)
+    return ("env %d: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
+            "the %d events both sides have agree" % (env, which, gap, "" if gap == 1 else "s", why, shared))
+
+
+def not_compared(name, reason):
+    return "%s %s: not compared" % (name, reason)
+
+
+def recorded_twice(name, index):
+    """A second recording of one index at the same time (env-N.dup-*.npz)."""
+    return ("%s and env-%d.npz both recorded env %d at the same time: two LedgerEnvs were given index=%d; %s was "
+            "not compared" % (name, index, index, index, name))
+
+
+def told_position(index, position):
+    """An env ledger the trainer side told it is another position of its vector env than its index."""
+    return ("env-%d.npz: its LedgerEnv is env %d of the trainer's vector env (the trainer side told it so): %s"
+            % (index, position, INDEX_QUESTION))
+
 
 
 # ---------------------------------------------------------------- the episode check
