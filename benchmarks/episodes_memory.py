@@ -16,7 +16,7 @@ after.
     python benchmarks/episodes_memory.py             # a few minutes on a busy 2-core machine
     python benchmarks/episodes_memory.py --quick     # 20k and 80k episodes an env, 1 round
 
-Target: the peak does not grow with the ledgers' episodes (after), where it grew about 56 B an episode
+Target: the peak does not grow with the ledgers' episodes (after), where it grew by 100 B and more an episode
 (before).
 """
 

@@ -115,17 +115,17 @@ class FirstPerEnv(KeepAll):
 class Earliest(KeepAll):
     """Keeps the ``k`` completed episodes that ended first across all envs, in completion order (the
     vector step each ended at, then env index): what a log without env indices is paired with in order.
-    Rows are dropped as they come, so that no more than about 2k are held at once."""
+    Rows are dropped as they come, so that no more than 2k + ``slack`` are held at once."""
 
-    def __init__(self, k):
+    def __init__(self, k, slack=1 << 16):
         super().__init__()
-        self.k, self.held = int(k), 0
+        self.k, self.slack, self.held = int(k), int(slack), 0
         self._beyond_end = {}  # env -> end_step of its episode in beyond
 
     def add(self, rows):
         super().add(rows)
         self.held += int(rows["env"].size)
-        if self.held > 2 * self.k + (1 << 16):
+        if self.held > 2 * self.k + self.slack:
             self._trim()
 
     def _trim(self):
