@@ -59,15 +59,6 @@ class RecordedEpisodes:
         sel = self.columns["env"] == env
         return {k: v[sel] for k, v in self.columns.items()}
 
-    def restrict(self, envs):
-        """The same, for the envs in ``envs`` only."""
-        keep = set(envs)
-        sel = np.isin(self.columns["env"], sorted(keep))
-        only = lambda d: {e: v for e, v in d.items() if e in keep}  # noqa: E731
-        return RecordedEpisodes({k: v[sel] for k, v in self.columns.items()}, only(self.unfinished), only(self.cut),
-                                only(self.stray_steps), only(self.total_steps), [e for e in self.envs if e in keep],
-                                self.partial, only(self.counts), only(self.beyond))
-
 
 COLUMNS = (("env", np.int64), ("episode", np.int64), ("length", np.int64), ("ret", np.float64),
            ("ret32", np.float32), ("abs_sum", np.float64), ("end_step", np.int64))
