@@ -186,7 +186,7 @@ def _rollout(env_fn, vector, sb3, n_envs, steps, directory, fault, target, at, s
     return compare(directory, trainer_file), (read_record(record) if fault else None)
 
 
-def _clean_steps(directory, target):
+def clean_steps(directory, target):
     """The target env's steps in the clean run: (ended, terminated, truncated) per step, in order."""
     from .read import read
     with read(os.path.join(directory, "env-%d.npz" % target)) as ledger:
@@ -195,7 +195,7 @@ def _clean_steps(directory, target):
     return np.asarray(cols["terminated"])[steps], np.asarray(cols["truncated"])[steps]
 
 
-def _no_opportunity(fault, term, trunc, at, target, time_limit):
+def no_opportunity(fault, term, trunc, at, target, time_limit):
     """Why ``fault`` had no opportunity in the clean rollout, and the vector steps it would need (or None).
 
     ``time_limit()`` gives the env's TimeLimit (or None); it is asked only when no episode ended.
@@ -294,7 +294,7 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
             warnings.simplefilter("ignore")  # step-after-done warnings from faulty flags are expected
             clean_dir = os.path.join(directory, "clean")
             clean, _ = _rollout(env_fn, build, sb3, n_envs, steps, clean_dir, None, target, at, seed)
-            term, trunc = _clean_steps(clean_dir, target)
+            term, trunc = clean_steps(clean_dir, target)
             time_limit = functools.lru_cache(None)(lambda: _time_limit(env_fn, target))
             if progress is not None:
                 progress(1, len(faults) + 1)
@@ -305,7 +305,7 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
                 diff = report.by_env().get(injected["env"]) if injected else None
                 reason = needs = None
                 if injected is None:
-                    reason, needs = _no_opportunity(fault, term, trunc, at, target, time_limit)
+                    reason, needs = no_opportunity(fault, term, trunc, at, target, time_limit)
                 results.append(FaultResult(fault, injected, diff, reason, needs))
                 if progress is not None:
                     progress(k + 2, len(faults) + 1)

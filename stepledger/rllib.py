@@ -612,7 +612,7 @@ def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1,
 
     import ray
 
-    from .check import CheckReport, FaultResult, _clean_steps, _no_opportunity
+    from .check import CheckReport, FaultResult, clean_steps, no_opportunity
     from .compare import compare
     from .faults import read_record
 
@@ -647,7 +647,7 @@ def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1,
             warnings.simplefilter("ignore")
             clean_dir = os.path.join(directory, "clean")
             clean, _ = one(clean_dir, None)
-            term, trunc = _clean_steps(clean_dir, target)
+            term, trunc = clean_steps(clean_dir, target)
             if progress is not None:
                 progress(1, len(faults) + 1)
             results = []
@@ -656,7 +656,7 @@ def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1,
                 diff = report.by_env().get(injected["env"]) if injected else None
                 reason = needs = None
                 if injected is None:
-                    reason, needs = _no_opportunity(fault, term, trunc, at, target, lambda: max_episode_steps)
+                    reason, needs = no_opportunity(fault, term, trunc, at, target, lambda: max_episode_steps)
                     needs = None  # RLlib runs are sized in iterations, not vector steps
                 results.append(FaultResult(fault, injected, diff, reason, needs))
                 if progress is not None:
