@@ -458,7 +458,6 @@ def told_position(index, position):
             % (index, position, INDEX_QUESTION))
 
 
-
 # ---------------------------------------------------------------- the episode check
 
 def _num(x):
