@@ -640,7 +640,15 @@ class Recording:
 
     def flush(self):
         """Write what is new since the last write, as a spill segment: the cost is that of the new
-        events, not of the whole history. At a URL, wait for its upload (or the uploader giving up)."""
+        events, not of the whole history. At a URL, wait for its upload (or the uploader giving up).
+
+        From a thread other than the one that records, events may be appended while the segment is
+        written, and a spill would let go of them with the rest: there the final file is written
+        instead, from copies (the whole history, as close() writes it), and nothing is let go of.
+        """
+        if threading.get_ident() != self._thread:
+            self.write()
+            return
         self.spill()
         if self.remote and not self.closed:
             self._remote.wait()

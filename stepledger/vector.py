@@ -3,7 +3,7 @@
 import gymnasium as gym
 import numpy as np
 
-from ._schema import LINK_ATTR, SETTINGS_KEY, TOKEN_KEY
+from ._schema import LINK_ATTR, SETTINGS_KEY
 from .stack import warn_inner_wrappers
 from .trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
 

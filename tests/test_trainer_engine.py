@@ -194,6 +194,15 @@ def test_per_env_kept_values(tmp_path):
 def test_flush_writes_only_what_is_new(tmp_path):
     """flush() writes a spill segment of the new events: the bytes it writes do not grow with history."""
     d = str(tmp_path)
+    limit = core.memory_limit()
+    core.set_memory_limit(1 << 40)  # no spill but flush()'s, whatever other recordings this process holds
+    try:
+        _flushes(d)
+    finally:
+        core.set_memory_limit(limit)
+
+
+def _flushes(d):
     led = TrainerLedger(os.path.join(d, "trainer.npz"), 4, BOX, gym.spaces.Discrete(3), autoreset_mode="next_step",
                         flush_interval=3600)
     led.reset(np.zeros((4, 3), np.float32))

@@ -182,7 +182,7 @@ def close_big_ledger(directory, started):
     env.reset()
     for _ in range(9):
         env.step(0)
-    env.flush()  # the last complete file: 10 events
+    env._recording.write()  # the last complete file: 10 events (flush() would write a spill segment)
     buf = env._recording.buffers[0]
     for i in range(BIG):
         buf.append(0 if i % 6 == 0 else 1, i, i, 0, False, False)
