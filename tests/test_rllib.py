@@ -150,13 +150,17 @@ def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indic
     # runner 2's first envs (2 and 3) end where its process died; the recreated one records as envs 4 and 5;
     # the evaluation runner's envs write nothing (their episodes reach no learner)
     assert env_indices(d) == [0, 1, 4, 5]
-    assert sorted(glob.glob(os.path.join(d, "env-*.npz.spill"))) == [os.path.join(d, "env-%d.npz.spill" % i)
-                                                                      for i in (2, 3)]
+    # The killed runner's envs left spill segments, each as of its own last periodic spill: SIGKILL loses what
+    # came after (docs/ENDINGS.md). An env whose first spill was not yet due when the process died left none.
+    spilled = sorted(int(os.path.basename(p)[4:-10]) for p in glob.glob(os.path.join(d, "env-*.npz.spill")))
+    assert spilled and set(spilled) <= {2, 3}, spilled
     assert not glob.glob(os.path.join(d, "*unindexed*")) and not glob.glob(os.path.join(d, "*.dup-*"))
     assert trainer_streams(os.path.join(d, "trainer.npz")) == [0, 1, 2, 3, 4, 5]
     report = compare(d, os.path.join(d, "trainer.npz"))
-    assert report.ok, str(report)
     assert sorted(report.envs) == [0, 1, 2, 3, 4, 5]
+    lost = sorted({2, 3} - set(spilled))
+    assert [(x.env, x.what, x.side) for x in report.differences] == [(e, "one_side", "trainer") for e in lost], \
+        str(report)
 
 
 def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_there(tmp_path, monkeypatch):
