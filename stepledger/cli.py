@@ -128,6 +128,16 @@ def _leftover_stages(path):
     return leftover_stages(), describe_leftovers()
 
 
+def _command(sub, name, func, summary, description, examples, footer=None):
+    """A subcommand: its one-line summary, its description, and an epilog of examples (and a footer, such
+    as its exit codes); options show their defaults."""
+    description = " ".join(description.split())  # a paragraph, written over several lines
+    epilog = "example:\n" + "\n".join("  " + e for e in examples) + ("\n\n" + footer if footer else "")
+    p = sub.add_parser(name, help=summary, formatter_class=_Formatter, description=description, epilog=epilog)
+    p.set_defaults(func=func)
+    return p
+
+
 def _push(args):
     from .uploader import push
     n = push(args.local, args.url, remove=not args.keep)
@@ -137,17 +147,14 @@ def _push(args):
 
 
 def _add_push(sub):
-    p = sub.add_parser("push", help="publish ledgers kept on local disk (storage failed) to their URL",
-                       formatter_class=_Formatter,
-                       description="Upload a ledger file, or a directory of them (env-N.npz, trainer.npz and "
-                                   "their spill segments), to storage: what a run kept on local disk when its "
-                                   "storage failed. The line that said where a ledger was kept gives the command.",
-                       epilog="example:\n  stepledger push ~/.local/share/stepledger/unpublished/s3/bucket/run-1 "
-                              "s3://bucket/run-1")
+    p = _command(sub, "push", _push, "publish ledgers kept on local disk (storage failed) to their URL",
+                 description="""Upload a ledger file, or a directory of them (env-N.npz, trainer.npz and their spill
+                              segments), to storage: what a run kept on local disk when its storage failed. The line
+                              that said where a ledger was kept gives the command.""",
+                 examples=["stepledger push ~/.local/share/stepledger/unpublished/s3/bucket/run-1 s3://bucket/run-1"])
     p.add_argument("local", help="a ledger file or a directory of ledger files")
     p.add_argument("url", help="where it belongs: the ledger's URL, or the directory's")
     p.add_argument("--keep", action="store_true", help="keep the local copies (default: remove each once stored)")
-    p.set_defaults(func=_push)
 
 
 def build_parser():
@@ -156,18 +163,17 @@ def build_parser():
     p.add_argument("--version", action="version", version="stepledger %s (core: %s)" % (__version__, core.IMPLEMENTATION))
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    c = sub.add_parser("compare", help="compare the env-side ledgers with the trainer ledger",
-                       formatter_class=_Formatter,
-                       description="Compare the env-side ledgers (ENV_DIR/env-N.npz) with the trainer ledger and "
-                                   "print, per env, the first event where they differ. A run with several "
-                                   "learners or trainer processes gives several trainer files (or a quoted glob, "
-                                   "or a directory of them): each env must be in exactly one.",
-                       epilog="example:\n  stepledger compare ledger ledger/trainer.npz\n"
-                              "  stepledger compare ledger ledger/trainer.npz --json --junit report.xml\n"
-                              "  stepledger compare ledger 'ledger/trainer-*.npz'\n"
-                              "  stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)\n\n"
-                              "exit codes: 0 no difference, 1 a difference, 2 cannot compare\n"
-                              "how to read the report: stepledger docs report")
+    c = _command(sub, "compare", _compare, "compare the env-side ledgers with the trainer ledger",
+                 description="""Compare the env-side ledgers (ENV_DIR/env-N.npz) with the trainer ledger and print,
+                              per env, the first event where they differ. A run with several learners or trainer
+                              processes gives several trainer files (or a quoted glob, or a directory of them): each
+                              env must be in exactly one.""",
+                 examples=["stepledger compare ledger ledger/trainer.npz",
+                           "stepledger compare ledger ledger/trainer.npz --json --junit report.xml",
+                           "stepledger compare ledger 'ledger/trainer-*.npz'",
+                           "stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)"],
+                 footer="exit codes: 0 no difference, 1 a difference, 2 cannot compare\n"
+                        "how to read the report: stepledger docs report")
     c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
     c.add_argument("trainer_file", nargs="+", metavar="TRAINER_FILE",
                    help="the file LedgerVectorEnv, LedgerVecEnv or TrainerLedger wrote; or several, a glob of them "
@@ -180,22 +186,17 @@ def build_parser():
                         "they fall")
     c.add_argument("--junit", metavar="FILE",
                    help="also write a JUnit XML report to FILE, one test case per env")
-    c.set_defaults(func=_compare)
 
-    s = sub.add_parser("show", help="describe a ledger file or an env directory",
-                       formatter_class=_Formatter,
-                       description="Print a ledger's meta, its streams and their event and episode counts.",
-                       epilog="example:\n  stepledger show ledger/trainer.npz\n  stepledger show ledger")
+    s = _command(sub, "show", _show, "describe a ledger file or an env directory",
+                 description="Print a ledger's meta, its streams and their event and episode counts.",
+                 examples=["stepledger show ledger/trainer.npz", "stepledger show ledger"])
     s.add_argument("path", help="a ledger file or an env directory")
     s.add_argument("--json", action="store_true", help="print as JSON")
-    s.set_defaults(func=_show)
 
-    d = sub.add_parser("docs", help="print one of the documentation pages shipped with stepledger",
-                       formatter_class=_Formatter,
-                       description="Print a documentation page. Without a page, list the pages.",
-                       epilog="example:\n  stepledger docs\n  stepledger docs report")
+    d = _command(sub, "docs", _docs, "print one of the documentation pages shipped with stepledger",
+                 description="Print a documentation page. Without a page, list the pages.",
+                 examples=["stepledger docs", "stepledger docs report"])
     d.add_argument("page", nargs="?", help="a page name, such as report, format or live")
-    d.set_defaults(func=_docs)
 
     for extra in _EXTRA_COMMANDS:
         extra(sub)
@@ -259,28 +260,26 @@ def _check(args):
 
 
 def _add_demo(sub):
-    d = sub.add_parser("demo", help="run a short AsyncVectorEnv with faults injected and print the report",
-                       formatter_class=_Formatter,
-                       description="Run 8 Pendulum-v1 envs in an AsyncVectorEnv for 100 steps, with three of them "
-                                   "changing one value on the way to the trainer, and compare the two ledgers.",
-                       epilog="example:\n  stepledger demo\n  stepledger demo --clean")
+    d = _command(sub, "demo", _demo, "run a short AsyncVectorEnv with faults injected and print the report",
+                 description="""Run 8 Pendulum-v1 envs in an AsyncVectorEnv for 100 steps, with three of them changing
+                              one value on the way to the trainer, and compare the two ledgers.""",
+                 examples=["stepledger demo", "stepledger demo --clean"])
     d.add_argument("--clean", action="store_true", help="inject no fault: the report must be clean")
     d.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed at the end)")
     d.add_argument("--keep", action="store_true", help="keep the temporary directory and print where it is")
-    d.set_defaults(func=_demo)
 
 
 def _add_check(sub):
-    c = sub.add_parser("check", help="prove that the ledgers catch every boundary fault on a registered env",
-                       formatter_class=_Formatter,
-                       description="Run a short random rollout of ENV_ID through the chosen vector env with both "
-                                   "ledgers, then once per fault with the fault injected in the workers, and "
-                                   "report whether each was caught and located.",
-                       epilog="example:\n  stepledger check Pendulum-v1 --vector async --autoreset same\n"
-                              "  stepledger check CartPole-v1 --vector subproc\n"
-                              "  stepledger check CartPole-v1 --trainer rllib --num-envs 2\n\n"
-                              "exit codes: 0 every exercised fault caught and located, 1 not (or the rollout is too "
-                              "short for some fault), 2 cannot run\nthe faults: stepledger docs faults")
+    c = _command(sub, "check", _check, "prove that the ledgers catch every boundary fault on a registered env",
+                 description="""Run a short random rollout of ENV_ID through the chosen vector env with both ledgers,
+                              then once per fault with the fault injected in the workers, and report whether each
+                              was caught and located.""",
+                 examples=["stepledger check Pendulum-v1 --vector async --autoreset same",
+                           "stepledger check CartPole-v1 --vector subproc",
+                           "stepledger check CartPole-v1 --trainer rllib --num-envs 2"],
+                 footer="exit codes: 0 every exercised fault caught and located, 1 not (or the rollout is too "
+                        "short for some fault), 2 cannot run\n"
+                        "the faults: stepledger docs faults")
     c.add_argument("env_id", help="a registered Gymnasium env id")
     c.add_argument("--vector", choices=("sync", "async", "subproc", "dummy"), default="sync",
                    help="the vector env: Gymnasium's sync or async, SB3's subproc or dummy (needs the [sb3] extra)")
@@ -306,7 +305,6 @@ def _add_check(sub):
                                  "check passes)")
     c.add_argument("--keep", action="store_true", help="keep the temporary directory even when the check passes")
     c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per fault")
-    c.set_defaults(func=_check)
 
 
 def _episodes(args):
@@ -316,15 +314,14 @@ def _episodes(args):
 
 
 def _add_episodes(sub):
-    e = sub.add_parser("episodes", help="check the trainer's episode log against the episodes the envs recorded",
-                       formatter_class=_Formatter,
-                       description="Derive each env's episode returns and lengths from the env-side ledgers "
-                                   "(ENV_DIR/env-N.npz) and check the trainer's episode log against them: SB3's "
-                                   "monitor.csv (VecMonitor or Monitor), the .npz EpisodeLogTap writes, or a CSV "
-                                   "with columns env, r, l. More: stepledger docs episodes.",
-                       epilog="example:\n  stepledger episodes ledger ledger/episodes.npz\n"
-                              "  stepledger episodes ledger logs/monitor.csv\n\n"
-                              "exit codes: 0 the log agrees, 1 it differs, 2 cannot check")
+    e = _command(sub, "episodes", _episodes, "check the trainer's episode log against the episodes the envs recorded",
+                 description="""Derive each env's episode returns and lengths from the env-side ledgers
+                              (ENV_DIR/env-N.npz) and check the trainer's episode log against them: SB3's
+                              monitor.csv (VecMonitor or Monitor), the .npz EpisodeLogTap writes, or a CSV with
+                              columns env, r, l. More: stepledger docs episodes.""",
+                 examples=["stepledger episodes ledger ledger/episodes.npz",
+                           "stepledger episodes ledger logs/monitor.csv"],
+                 footer="exit codes: 0 the log agrees, 1 it differs, 2 cannot check")
     e.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
     e.add_argument("log", help="monitor.csv, a directory of N.monitor.csv, or EpisodeLogTap's .npz")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -336,7 +333,6 @@ def _add_episodes(sub):
     e.add_argument("--rtol", type=float, default=1e-5,
                    help="return tolerance relative to the episode's sum of |reward|")
     e.add_argument("--atol", type=float, default=1e-5, help="absolute return tolerance per episode")
-    e.set_defaults(func=_episodes)
 
 
 _EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes, _add_push]
