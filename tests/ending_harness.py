@@ -1,4 +1,5 @@
-"""A training script that ends in a chosen way, run in its own process by test_runs_that_end_badly.py.
+"""A training script that ends in a chosen way, run in its own process by test_runs_that_end_badly.py,
+and the helpers every test of a killed script uses (``kill_group_when_ready``, ``reap``).
 
     python -c "import ending_harness as H; H.main(HARNESS, ENDING, DIRECTORY)"
 
@@ -17,6 +18,7 @@ wait for afterwards.
 
 import functools
 import os
+import signal
 import sys
 import time
 
@@ -27,6 +29,26 @@ from stepledger import LedgerEnv, LedgerVectorEnv
 
 N_ENVS = 2
 FLUSH_INTERVAL = 0.3
+
+
+def kill_group_when_ready(proc, after, timeout):
+    """Wait for the script's ``ready`` line, let it go on ``after`` seconds more, then SIGKILL its whole
+    process group (the trainer and its env workers, with no warning) and wait for the trainer to die."""
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), proc.stderr.read()[-3000:]
+    time.sleep(after)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout)
+
+
+def reap(proc):
+    """However the test went: nothing of a script started in its own session is left running, and its
+    pipes are closed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 def make_env(index, directory):

@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+import ending_harness as H
 import envs_for_tests as E
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, compare, read
 from stepledger import _schema as S
@@ -337,22 +338,12 @@ while True:
 
 
 def _run_and_kill(directory, how):
-    import signal
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", _KILLED, directory, how], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_environ(), start_new_session=True)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("ready"), proc.stderr.read()[-2000:]
-        import time
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its workers, with no warning
-        proc.wait(TIMEOUT)
+        H.kill_group_when_ready(proc, 0.5, TIMEOUT)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        H.reap(proc)
 
 
 def test_a_killed_run_with_indices_from_the_link_is_not_a_difference(tmp_path):

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+import ending_harness as H
+
 from stepledger import _schema as S
 from stepledger import compare, read
 
@@ -83,11 +85,7 @@ def run_case(directory, harness, ending):
         _wait_gone(workers)
         return proc.returncode, workers, ready
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        H.reap(proc)
 
 
 @pytest.mark.parametrize("ending", ENDINGS)

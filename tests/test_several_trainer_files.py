@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+import ending_harness as H
 from stepledger import LedgerError, compare
 from stepledger import _schema as S
 from stepledger.compare import CLOCK_SLACK
@@ -379,18 +380,12 @@ def _learner(d, learner, n_total, ending):
 def _finish(proc, kill=False):
     try:
         if kill:
-            assert proc.stdout.readline().startswith("ready"), proc.stderr.read()[-3000:]
-            time.sleep(0.8)  # past two spill intervals of stepping
-            os.killpg(proc.pid, signal.SIGKILL)  # the learner and its env workers, without a word
-        proc.wait(TIMEOUT)
-        if not kill:
+            H.kill_group_when_ready(proc, 0.8, TIMEOUT)  # past two spill intervals of stepping
+        else:
+            proc.wait(TIMEOUT)
             assert proc.returncode == 0, proc.stderr.read()[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        H.reap(proc)
 
 
 def test_two_learner_processes_with_async_vector_envs(tmp_path):
