@@ -45,3 +45,13 @@ def core_impl(request, monkeypatch):
     elif core.IMPLEMENTATION != "cython":
         pytest.skip("the compiled core is not built")
     return request.param
+
+
+@pytest.fixture
+def small_memory(core_impl):
+    """A memory limit of 4 KB for this process, so that recordings spill every ~150 events (on both cores)."""
+    from stepledger import core
+    old = core.memory_limit()
+    core.set_memory_limit(4096)
+    yield
+    core.set_memory_limit(old)

@@ -2,11 +2,13 @@
 forkserver workers: a worker builds its env from a module-level function of
 this module called with picklable arguments (use functools.partial)."""
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces as gs
 
-from stepledger import LedgerEnv
+from stepledger import LedgerEnv, LedgerVectorEnv
 
 
 def obs_value(episode, t):
@@ -132,3 +134,15 @@ def run_random_episodes(directory, seed=0, keep_values=False, reward_dtype=np.fl
             env.reset()
     env.close()
     return env.ledger_path
+
+
+def record_cartpole_run(directory, steps, n=2):
+    """Both ledgers around a SyncVectorEnv of n CartPole-v1 envs (a path or a URL), stepped ``steps`` times
+    with random actions and closed: env-N.npz and trainer.npz in ``directory``."""
+    envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
+        [functools.partial(lambda i: LedgerEnv(gym.make("CartPole-v1"), directory, index=i), i) for i in range(n)]),
+        directory + "/trainer.npz")
+    envs.reset(seed=0)
+    for _ in range(steps):
+        envs.step(envs.action_space.sample())
+    envs.close()

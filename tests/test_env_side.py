@@ -28,15 +28,6 @@ def f32_bits(x):
 pytestmark = pytest.mark.usefixtures("core_impl")  # every test on both cores
 
 
-@pytest.fixture
-def small_memory(core_impl):
-    """A memory limit of 4 KB for this process, so that recordings spill every ~150 events."""
-    old = core.memory_limit()
-    core.set_memory_limit(4096)
-    yield
-    core.set_memory_limit(old)
-
-
 # ---------------------------------------------------------------- transparency
 
 def test_returns_exactly_what_the_env_returned(tmp_path):

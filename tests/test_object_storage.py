@@ -22,6 +22,7 @@ pytest.importorskip("fsspec")
 pytest.importorskip("s3fs")
 
 import s3server  # noqa: E402
+from envs_for_tests import record_cartpole_run  # noqa: E402
 
 from stepledger import LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, core, read, storage, uploader  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
@@ -128,13 +129,7 @@ def test_compare_sees_what_is_there_now(s3, bucket):
     url = "s3://%s/fresh" % bucket
     with pytest.raises(LedgerError, match="no such file"):
         read(url)  # s3fs now has a listing of the bucket, from before the ledgers
-    envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
-        [functools.partial(lambda i: LedgerEnv(gym.make("CartPole-v1"), url, index=i), i) for i in range(2)]),
-        url + "/trainer.npz")
-    envs.reset(seed=0)
-    for _ in range(20):
-        envs.step(envs.action_space.sample())
-    envs.close()
+    record_cartpole_run(url, 20)
     assert compare(url, url + "/trainer.npz")
     s3.filesystem().rm("%s/fresh/env-1.npz" % bucket)  # behind this process's back
     with read(url) as ledger:

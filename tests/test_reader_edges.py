@@ -11,19 +11,10 @@ import pytest
 
 import envs_for_tests as E
 from hostile_ledgers import members, npy_bytes, record_pair, write_members
-from stepledger import LedgerEnv, LedgerError, compare, core, read
+from stepledger import LedgerEnv, LedgerError, compare, read
 from stepledger import _schema as S
 from stepledger.ledgerfile import Segment, write_ledger
 from stepledger.read import leftovers
-
-
-@pytest.fixture
-def small_memory(core_impl):
-    """A memory limit of 4 KB for this process, so that recordings spill every ~150 events."""
-    old = core.memory_limit()
-    core.set_memory_limit(4096)
-    yield
-    core.set_memory_limit(old)
 
 
 def _count_env(directory, keep_values=False):

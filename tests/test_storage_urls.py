@@ -299,8 +299,9 @@ class Block:
         if name == "fsspec" or name.startswith("fsspec."):
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
-import io, contextlib, functools, gymnasium as gym
-from stepledger import LedgerEnv, LedgerVectorEnv, compare
+import io, contextlib, gymnasium as gym
+from stepledger import LedgerEnv, compare
+from envs_for_tests import record_cartpole_run
 from stepledger.errors import LedgerError
 from stepledger.cli import main
 try:
@@ -316,13 +317,7 @@ with contextlib.redirect_stderr(err):
     code = main(["compare", "memory://run", "memory://run/trainer.npz"])
 print("CLI", code, repr(err.getvalue()))
 for d in (sys.argv[1], "file://" + sys.argv[1] + "-url"):
-    envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
-        [functools.partial(lambda i: LedgerEnv(gym.make("CartPole-v1"), d, index=i), i) for i in range(2)]),
-        d + "/trainer.npz")
-    envs.reset(seed=0)
-    for _ in range(10):
-        envs.step(envs.action_space.sample())
-    envs.close()
+    record_cartpole_run(d, 10)
     print("PLAIN", bool(compare(d, d + "/trainer.npz")))
 print("IMPORTED", any(m == "fsspec" or m.startswith("fsspec.") for m in sys.modules))
 """.replace("sys.argv[1]", repr(str(tmp_path / "plain"))))
@@ -337,16 +332,11 @@ print("IMPORTED", any(m == "fsspec" or m.startswith("fsspec.") for m in sys.modu
 
 def test_plain_paths_do_not_import_fsspec(run_python, tmp_path):
     out = run_python("""
-import sys, functools, gymnasium as gym
-from stepledger import LedgerEnv, LedgerVectorEnv, compare
+import sys
+from stepledger import compare
+from envs_for_tests import record_cartpole_run
 d = %r
-envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
-    [functools.partial(lambda i: LedgerEnv(gym.make("CartPole-v1"), d, index=i), i) for i in range(2)]),
-    d + "/trainer.npz")
-envs.reset(seed=0)
-for _ in range(10):
-    envs.step(envs.action_space.sample())
-envs.close()
+record_cartpole_run(d, 10)
 print(bool(compare(d, d + "/trainer.npz")), "fsspec" in sys.modules)
 """ % str(tmp_path))
     assert out.split() == ["True", "False"]
