@@ -5,9 +5,12 @@ E in --episodes (by default 250k and 1M: 2M and 8M events in all). The logs have
 episodes of each env: an EpisodeLogTap-style .npz with env indices (paired per env) and a
 monitor.csv without (paired in completion order); their last logged episode is one step short, so
 that the check has a difference to report and every recorded episode after the logged ones to count.
+The monitor.csv is also matched as a multiset (--match multiset), which pairs any logged episode with
+any recorded one: "after", a maximum matching of the rows held drops those it leaves unmatched, every
+2 x (logged episodes) + 64k rows.
 
 "After" is this checkout. "Before" is the package at --before (the commit before the episode check
-kept only what a log can be paired with): it is copied out with ``git archive`` into a temporary
+kept only what a log can be paired with; it kept every episode in all three ways): it is copied out with ``git archive`` into a temporary
 directory. Each (version, ledger size, log) runs in a fresh interpreter, in turn, --rounds times;
 each reports the check's peak of traced allocations (tracemalloc: Python objects and NumPy arrays)
 and the process's peak RSS (VmHWM), and the report's first lines, which must be the same before and
@@ -39,7 +42,7 @@ import json, sys, tracemalloc
 sys.path.insert(0, sys.argv[1])
 from stepledger.episodes import check_episodes
 tracemalloc.start()
-report = check_episodes(sys.argv[2], sys.argv[3])
+report = check_episodes(sys.argv[2], sys.argv[3], match=sys.argv[4])
 peak = tracemalloc.get_traced_memory()[1]
 tracemalloc.stop()
 hwm = 0
@@ -86,11 +89,11 @@ def write_logs(directory):
         f.write('#{"t_start": 0}\nr,l,t\n')
         for j in order:
             f.write("%r,%d,0\n" % (float(rs[j]), ls[j]))
-    return {"per env": tap, "in order": csv}
+    return {"per env": (tap, "auto"), "in order": (csv, "auto"), "multiset": (csv, "multiset")}
 
 
-def measure(package, env_dir, log):
-    out = subprocess.run([sys.executable, "-c", _MEASURE, package, env_dir, log], capture_output=True, text=True,
+def measure(package, env_dir, log, match):
+    out = subprocess.run([sys.executable, "-c", _MEASURE, package, env_dir, log, match], capture_output=True, text=True,
                          timeout=1800, env=dict(os.environ, STEPLEDGER_PUREPYTHON="1"))
     if out.returncode:
         raise SystemExit(out.stderr)
@@ -121,9 +124,9 @@ def main():
         results = {}
         for _ in range(args.rounds):
             for e in args.episodes:
-                for how, log in logs.items():
+                for how, (log, match) in logs.items():
                     for name, package in (("before", before), ("after", ROOT)):
-                        results.setdefault((e, how, name), []).append(measure(package, dirs[e], log))
+                        results.setdefault((e, how, name), []).append(measure(package, dirs[e], log, match))
         print("stepledger episodes, %d envs, %d logged episodes an env; median of %d rounds" % (
             N_ENVS, LOGGED, args.rounds))
         print("%-10s %-9s %-7s %14s %12s  %s" % ("episodes", "log", "version", "traced peak MB", "peak RSS MB",

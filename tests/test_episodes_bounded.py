@@ -123,3 +123,68 @@ def test_keepers_hold_no_more_than_the_log_needs(tmp_path, seed):
             assert kept.counts == full.counts
     finally:
         ledger.close()
+
+
+def _multiset_logs(recorded):
+    """Logs for multiset matching: some of the recorded episodes shuffled, one wrong, one never recorded."""
+    cols = recorded.columns
+    rng = np.random.default_rng(5)
+    out = []
+    for keep in (0, 4, 25, 10 ** 6):
+        sel = rng.permutation(len(cols["env"]))[:keep]
+        r, ln = cols["ret"][sel].copy(), cols["length"][sel].copy()
+        if r.size > 4:
+            r[1] += 1.0
+            ln[2] += 1
+        out.append(EpisodeLog(np.append(r, 99.0), np.append(ln, 1)))
+    return out
+
+
+def _bounded_multiset(env_dir, log, chunk=7):
+    ledger = D.open_env_ledger(env_dir)
+    try:
+        keeper = M.Matchable(log, M.RTOL, M.ATOL, slack=0)
+        held = []
+        trim = keeper._trim
+
+        def watched():
+            trim()
+            held.append(keeper.held)
+        keeper._trim = watched
+        recorded = D.derive(ledger, keeper, chunk=chunk)
+    finally:
+        ledger.close()
+    return recorded, M._multiset(recorded, log, M.RTOL, M.ATOL, keeper.dropped), held
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bounded_multiset_reports_what_matching_every_episode_reported(tmp_path, seed):
+    # distinct random returns: one maximum matching only, so the report is the same line for line
+    env_dir = _write(tmp_path, _streams(seed))
+    full = recorded_episodes(env_dir)
+    for log in _multiset_logs(full):
+        want = EpisodeReport("multiset", *M._multiset(full, log, M.RTOL, M.ATOL), full, log, M.RTOL, M.ATOL)
+        recorded, got, held = _bounded_multiset(env_dir, log)
+        got = EpisodeReport("multiset", *got, recorded, log, M.RTOL, M.ATOL)
+        assert got.to_dict() == want.to_dict(), len(log)
+        assert bool(held) == (len(full) > 2 * len(log))  # rows dropped as they come where the log is shorter
+        assert max(held, default=0) <= len(log)  # after each drop, no more rows than the log has episodes
+        assert check_episodes(env_dir, log, match="multiset").to_dict() == want.to_dict()
+
+
+def test_bounded_multiset_matches_as_many_when_matchings_are_many(tmp_path):
+    # every episode of one length and one return: which recorded ones stay unmatched is a choice,
+    # but how many are matched, unlogged and unrecorded is not
+    streams = {e: [(S.KIND_RESET, 0.0, False, False), (S.KIND_STEP, 0.25, True, False)] * (30 + 7 * e)
+               for e in range(3)}
+    env_dir = _write(tmp_path, streams)
+    full = recorded_episodes(env_dir)
+    for n in (0, 5, 40, 200):
+        log = EpisodeLog(np.full(n, 0.25), np.ones(n, dtype=np.int64))
+        want = M._multiset(full, log, M.RTOL, M.ATOL)
+        recorded, got, held = _bounded_multiset(env_dir, log, chunk=5)
+        assert got[2:] == want[2:]  # episodes compared, episodes differing
+        count = {w: sum(d.n_differ for d in diffs if d.what == w) for diffs in (got[1], want[1])
+                 for w in ("unlogged", "unrecorded")}
+        assert count == {w: sum(d.n_differ for d in want[1] if d.what == w) for w in ("unlogged", "unrecorded")}
+        assert max(held, default=0) <= n and len(recorded) == len(full)

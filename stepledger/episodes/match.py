@@ -220,27 +220,35 @@ def _in_order(recorded, log, rtol, atol):
     return envs, diffs, k, n_differ
 
 
-def _multiset(recorded, log, rtol, atol):
-    """Match logged (return, length) to recorded episodes: same length, return within tolerance.
+def _intervals(cols, rtol, atol):
+    """Each recorded episode's tolerance and the interval of logged returns it accepts: (tol, lo, hi)."""
+    tol = rtol * cols["abs_sum"] + atol
+    ret32 = cols["ret32"].astype(np.float64)
+    return tol, np.fmin(cols["ret"], ret32) - tol, np.fmax(cols["ret"], ret32) + tol
+
+
+def _max_matching(cols, log, rtol, atol):
+    """A maximum matching of recorded episodes ``cols`` to logged ones: same length, return within
+    tolerance. Returns (recorded matched, logged matched, tol), boolean masks and the tolerances.
 
     Per length, each recorded episode is an interval of returns it accepts;
     taking intervals by their upper end and giving each the smallest free
-    logged return inside it matches as many as any matching can.
+    logged return inside it matches as many as any matching can. An interval
+    holding no logged return of its length at all is left unmatched at once.
     """
-    cols = recorded.columns
     n_rec = len(cols["env"])
-    tol = rtol * cols["abs_sum"] + atol
-    lo = np.fmin(cols["ret"], cols["ret32"].astype(np.float64)) - tol
-    hi = np.fmax(cols["ret"], cols["ret32"].astype(np.float64)) + tol
+    tol, lo, hi = _intervals(cols, rtol, atol)
     rec_matched = np.zeros(n_rec, dtype=bool)
     log_matched = np.zeros(len(log), dtype=bool)
-    for length in np.union1d(np.unique(cols["length"]), np.unique(log.l)):
+    for length in np.intersect1d(cols["length"], log.l):
         ri = np.flatnonzero(cols["length"] == length)
         li = np.flatnonzero(log.l == length)
-        if not ri.size or not li.size:
-            continue
         li = li[np.argsort(log.r[li], kind="stable")]
         vals = log.r[li]
+        first = np.searchsorted(vals, lo[ri], side="left")
+        # (NaN bounds compare false: such an interval holds no logged return)
+        holds = (first < vals.size) & (vals[np.minimum(first, vals.size - 1)] <= hi[ri])
+        ri = ri[holds]
         nxt = list(range(li.size + 1))  # the next free logged return at or after each position
         for j in ri[np.argsort(hi[ri], kind="stable")]:
             p = q = int(np.searchsorted(vals, lo[j], side="left"))
@@ -252,22 +260,79 @@ def _multiset(recorded, log, rtol, atol):
                 nxt[p] = p + 1
                 rec_matched[j] = True
                 log_matched[li[p]] = True
+    return rec_matched, log_matched, tol
+
+
+class Matchable(KeepAll):
+    """Keeps the recorded episodes a multiset matching with ``log`` may still pair, as they come.
+
+    Every ``2 * len(log) + slack`` rows, a maximum matching of the rows held
+    is made and the rows it leaves unmatched are dropped, counted per env
+    (``dropped``: env -> [count, (end_step, episode, ret, length, tol) of its
+    first]). Matchings of a bipartite graph form a matroid: the episodes a
+    maximum matching leaves out are never needed for a maximum matching of
+    those held together with any that come later, so the final matching is as
+    large as one over every recorded episode, and at most ``len(log)`` rows
+    stay held after each drop.
+    """
+
+    def __init__(self, log, rtol, atol, slack=1 << 16):
+        super().__init__()
+        self.log, self.rtol, self.atol = log, rtol, atol
+        self.k, self.slack, self.held = len(log), int(slack), 0
+        self.dropped = {}
+
+    def add(self, rows):
+        super().add(rows)
+        self.held += int(rows["env"].size)
+        if self.held > 2 * self.k + self.slack:
+            self._trim()
+
+    def _trim(self):
+        cols = KeepAll.columns(self)
+        matched, _, tol = _max_matching(cols, self.log, self.rtol, self.atol)
+        self.drop(cols, ~matched, tol)
+        self.parts = {k: [v[matched]] for k, v in cols.items()}
+        self.held = int(np.count_nonzero(matched))
+
+    def drop(self, cols, sel, tol):
+        """Count the rows ``sel`` of ``cols`` as unmatched, and remember each env's first."""
+        envs = cols["env"][sel]
+        for env in np.unique(envs):
+            mine = np.flatnonzero(sel & (cols["env"] == env))
+            j = int(mine[np.argmin(cols["end_step"][mine])])
+            first = (int(cols["end_step"][j]), int(cols["episode"][j]), float(cols["ret"][j]),
+                     int(cols["length"][j]), float(tol[j]))
+            entry = self.dropped.setdefault(int(env), [0, first])
+            entry[0] += int(mine.size)
+            entry[1] = min(entry[1], first)
+
+
+def _multiset(recorded, log, rtol, atol, dropped=None):
+    """Match logged (return, length) to recorded episodes as a multiset (see _max_matching).
+
+    ``dropped`` (Matchable.dropped) counts the recorded episodes left out as
+    unmatched while the ledgers were read.
+    """
+    cols = recorded.columns
+    rec_matched, log_matched, tol = _max_matching(cols, log, rtol, atol)
+    unmatched = Matchable(log, rtol, atol)
+    unmatched.dropped = {e: list(v) for e, v in (dropped or {}).items()}
+    unmatched.drop(cols, ~rec_matched, tol)
     diffs = []
-    order = np.lexsort((cols["env"], cols["end_step"]))
     for e in recorded.envs:
-        un = [j for j in order if cols["env"][j] == e and not rec_matched[j]]
-        if un:
-            j = un[0]
-            diffs.append(EpisodeDifference(e, "unlogged", int(cols["episode"][j]),
-                                           recorded=(float(cols["ret"][j]), int(cols["length"][j])),
-                                           tolerance=float(tol[j]), n_differ=len(un)))
+        if e in unmatched.dropped:
+            n, (_, episode, ret, length, tolerance) = unmatched.dropped[e]
+            diffs.append(EpisodeDifference(e, "unlogged", episode, recorded=(ret, length), tolerance=tolerance,
+                                           n_differ=n))
     unl = np.flatnonzero(~log_matched)
     if unl.size:
         j = int(unl[0])
         diffs.append(EpisodeDifference(None, "unrecorded", index=j, logged=(float(log.r[j]), int(log.l[j])),
                                        n_differ=int(unl.size)))
+    n_unlogged = sum(v[0] for v in unmatched.dropped.values())
     n_compared = int(np.count_nonzero(rec_matched))
-    return list(recorded.envs), diffs, n_compared, int(np.count_nonzero(~rec_matched)) + int(unl.size)
+    return list(recorded.envs), diffs, n_compared, n_unlogged + int(unl.size)
 
 
 def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL, progress=None):
@@ -296,8 +361,7 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
     ledger = open_env_ledger(env_dir)
     try:
         log = as_log(log, env)
-        # Only what the log can be paired with is kept: memory bounded by the log, not by the ledgers
-        # (as a multiset, every recorded episode is a candidate for every logged one).
+        # Only what the log can be paired with is kept: memory bounded by the log, not by the ledgers.
         covers = None if log.covers is None else set(log.covers)  # a log of some envs only: check those
         mode = match if match != "auto" else ("env" if log.env is not None else "order")
         if mode == "env":
@@ -307,13 +371,14 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
             found, n = np.unique(log.env, return_counts=True)
             keeper = FirstPerEnv({int(e): int(c) for e, c in zip(found, n)})
         else:
-            keeper = Earliest(len(log)) if mode == "order" else KeepAll()
+            keeper = Earliest(len(log)) if mode == "order" else Matchable(log, rtol, atol)
         recorded = derive(ledger, keeper, covers, progress=progress)
         derivable = len(set(recorded.total_steps.values())) <= 1
         note = None
         if match == "auto" and mode == "order" and not derivable:
             mode, note = "multiset", wording.MULTISET_BY_DEFAULT
-            recorded = derive(ledger, KeepAll(), covers, progress=progress)
+            keeper = Matchable(log, rtol, atol)
+            recorded = derive(ledger, keeper, covers, progress=progress)
     finally:
         ledger.close()
     if mode == "env":
@@ -323,5 +388,5 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
         if not derivable:
             note = wording.ORDER_GUESSED
     else:
-        envs, diffs, n_compared, n_differ = _multiset(recorded, log, rtol, atol)
+        envs, diffs, n_compared, n_differ = _multiset(recorded, log, rtol, atol, keeper.dropped)
     return EpisodeReport(mode, envs, diffs, n_compared, n_differ, recorded, log, rtol, atol, note)
