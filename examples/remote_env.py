@@ -325,6 +325,15 @@ def main():
     trainer.add_argument("--connect-timeout", type=float, default=30.0,
                          help="seconds to keep retrying while the server starts (default: %(default)s)")
     args = parser.parse_args()
+    for name in ("num_envs", "max_episode_steps", "steps"):
+        if getattr(args, name) < 1:
+            parser.error("--%s must be at least 1 (got %d)" % (name.replace("_", "-"), getattr(args, name)))
+    if args.fault and args.num_envs <= FAULT_ENV:
+        parser.error("--fault changes a reward of env %d, so it needs --num-envs %d or more (got %d)"
+                     % (FAULT_ENV, FAULT_ENV + 1, args.num_envs))
+    if args.fault and args.max_episode_steps < FAULT_STEP:
+        parser.error("--fault changes step %d of an episode, so it needs --max-episode-steps %d or more (got %d)"
+                     % (FAULT_STEP, FAULT_STEP, args.max_episode_steps))
     if args.serve:
         serve(args)
     else:

@@ -164,6 +164,10 @@ def test_sb3_example_without_sb3_names_the_extra(tmp_path, args):
                                                            "--num-envs 5 or more (got 4)"),
     ("gymnasium_async.py", ["--fault", "--steps", "41"], "--fault needs --steps 42 or more"),
     ("sb3_pendulum.py", ["--fault", "--num-envs", "2"], "--fault injects into env 2, so it needs --num-envs 3"),
+    ("remote_env.py", ["--serve", "127.0.0.1:0", "--fault", "--num-envs", "1"],
+     "--fault changes a reward of env 1, so it needs --num-envs 2 or more (got 1)"),
+    ("remote_env.py", ["--serve", "127.0.0.1:0", "--fault", "--max-episode-steps", "11"],
+     "--fault changes step 12 of an episode, so it needs --max-episode-steps 12 or more (got 11)"),
 ])
 def test_examples_refuse_flags_that_make_the_fault_inject_nothing(tmp_path, script, args, words):
     proc = _run([sys.executable, os.path.join(ROOT, "examples", script), *args], cwd=tmp_path)
