@@ -44,7 +44,8 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
     :param keep_tokens: leave the tokens in the infos (by default they are removed).
     :param flush_interval: seconds between periodic spills to disk (default 5).
     :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
-        that changes values on purpose sits between this ledger and the VecEnv; False if you mean it.
+        that changes values on purpose sits between this ledger and the VecEnv (or around LedgerEnv in a
+        DummyVecEnv's envs); False if you mean it.
     """
 
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",

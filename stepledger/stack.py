@@ -4,7 +4,11 @@ The trainer-side ledger must be innermost: a wrapper between it and the
 vector env that changes values on purpose (normalizes, transforms, clips,
 rescales or stacks them) makes every env differ from its first events.
 ``value_changing_wrappers`` walks the chain inside the ledger and names them;
-the ledgers warn once at construction (``check_wrappers=False`` silences it).
+``outer_env_wrappers`` names those wrapped around LedgerEnv in the envs of a
+vector env that holds them in-process (SyncVectorEnv, SB3's DummyVecEnv), where
+the single-env forms (FrameStackObservation has no other) sit between the two
+ledgers too. The ledgers warn once at construction (``check_wrappers=False``
+silences it).
 """
 
 import warnings
@@ -41,22 +45,48 @@ def value_changing_wrappers(env):
 
     Follows Gymnasium's ``.env`` and SB3's ``.venv`` down to the vector env.
     """
-    names, seen = [], set()
+    return [type(e).__name__ for e in _chain(env) if _changes_values(e)]
+
+
+def _chain(env):
+    """``env`` and what it wraps, outermost first (Gymnasium's ``.env``, SB3's ``.venv``)."""
+    seen = set()
     while env is not None and id(env) not in seen:
         seen.add(id(env))
-        if _changes_values(env):
-            names.append(type(env).__name__)
+        yield env
         # the attributes themselves: both libraries' wrappers forward unknown names inward
         own = getattr(env, "__dict__", {})
         env = own.get("venv", own.get("env"))
+
+
+def outer_env_wrappers(env):
+    """Names of the wrappers known to change values that sit around LedgerEnv in the envs of ``env``'s
+    vector env, where it holds them in this process (``.envs``: SyncVectorEnv, DummyVecEnv); in the
+    order first found. Envs without a LedgerEnv in their chain are not looked into."""
+    subs = None
+    for e in _chain(env):
+        subs = getattr(e, "__dict__", {}).get("envs")
+    names = []
+    for sub in subs if isinstance(subs, (list, tuple)) else ():
+        above = []
+        for e in _chain(sub):
+            if any(cls.__name__ == "LedgerEnv" for cls in type(e).__mro__):
+                names += [n for n in above if n not in names]
+                break
+            if _changes_values(e):
+                above.append(type(e).__name__)
     return names
 
 
 def warn_inner_wrappers(env, owner, check_wrappers=True):
-    """Warn once (UserWarning) when ``env`` holds wrappers that change values on purpose."""
+    """Warn once (UserWarning) when ``env`` holds wrappers that change values on purpose: inside the
+    trainer-side ledger, or around LedgerEnv in the envs of an in-process vector env."""
     if not check_wrappers:
         return []
     names = value_changing_wrappers(env)
+    outer = outer_env_wrappers(env)
     if names:
         warnings.warn(wording.inner_wrapper_warning(owner, names), UserWarning, stacklevel=3)
-    return names
+    if outer:
+        warnings.warn(wording.outer_env_wrapper_warning(owner, outer), UserWarning, stacklevel=3)
+    return names + [n for n in outer if n not in names]

@@ -136,8 +136,9 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             so training code sees what it would see without stepledger).
         check_wrappers: warn once when a wrapper that changes values on
             purpose (NormalizeObservation, NormalizeReward, TransformReward,
-            ClipAction, ...) sits between this ledger and the vector env;
-            False if you mean to check through it.
+            ClipAction, ...) sits between this ledger and the vector env, or
+            around LedgerEnv in a SyncVectorEnv's envs; False if you mean to
+            check through it.
         flush_interval: seconds between periodic spills to disk (default 5,
             or ``$STEPLEDGER_FLUSH_INTERVAL``).
     """

@@ -102,6 +102,16 @@ def inner_wrapper_warning(owner, names):
                                                  "it" if len(names) == 1 else "them"))
 
 
+def outer_env_wrapper_warning(owner, names):
+    """The construction-time warning: wrappers that change values sit around LedgerEnv in the envs."""
+    one = len(names) == 1
+    return ("%s: %s wrap%s LedgerEnv in the vector env's envs and change%s values on purpose, so the envs will "
+            "differ from their first events; %s (e.g. LedgerEnv(%s(env), directory, index=i)), or pass "
+            "check_wrappers=False if you mean to check through %s" % (owner, _and(names), "s" if one else "",
+                                                                      "s" if one else "", PLACEMENT, names[0],
+                                                                      "it" if one else "them"))
+
+
 def every_env_hint(field, n_envs):
     """Every env differs in the same field from its first events."""
     kind = {"obs": "observations", "reward": "rewards", "action": "actions"}.get(field, field)

@@ -13,7 +13,7 @@ from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv, compare
 from stepledger.cli import main
 from stepledger.errors import SettingsError
 from stepledger.faults import FaultyEnv
-from stepledger.stack import value_changing_wrappers
+from stepledger.stack import outer_env_wrappers, value_changing_wrappers
 
 INDEX_Q = "is index= each env's position in the vector env?"
 PLACE = "put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in the worker"
@@ -106,6 +106,8 @@ def test_live_duplicate_index_is_named(tmp_path):
     (lambda e: gym.wrappers.vector.NormalizeObservation(e), "obs"),
     (lambda e: gym.wrappers.vector.ClipReward(e, -1e-3, 0.0), "reward"),
     (lambda e: gym.wrappers.vector.TransformReward(e, lambda r: 2 * r), "reward"),
+    (lambda e: gym.wrappers.vector.RescaleAction(e, -0.5, 0.5), "action"),
+    (lambda e: gym.wrappers.vector.RescaleObservation(e, -1.0, 1.0), "obs"),
 ])
 def test_gymnasium_wrapper_inside_the_ledger_warns_once_and_compare_hints(tmp_path, wrapper, field):
     name = type(wrapper(gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")]))).__name__
@@ -129,6 +131,37 @@ def test_check_wrappers_false_silences_the_warning(tmp_path):
         warnings.simplefilter("always")
         run(str(tmp_path), wrap=gym.wrappers.vector.NormalizeReward, steps=2, trainer_kw={"check_wrappers": False})
     assert not [w for w in caught if "check_wrappers" in str(w.message)]
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_wrapper_around_ledgerenv_in_the_vector_envs_warns(tmp_path, check):
+    # Gymnasium's frame stacking has a single-env form only: in a SyncVectorEnv's envs, outside LedgerEnv,
+    # it sits between the two ledgers as surely as a vector wrapper inside the trainer-side ledger
+    def make(i):
+        return gym.wrappers.FrameStackObservation(LedgerEnv(gym.make("Pendulum-v1"), str(tmp_path), index=i), 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = LedgerVectorEnv(gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(2)]),
+                               str(tmp_path / "trainer.npz"), check_wrappers=check)
+    ours = [str(w.message) for w in caught if "check_wrappers=False" in str(w.message)]
+    envs.close()
+    if not check:
+        assert ours == []
+        return
+    assert ours == ["LedgerVectorEnv: FrameStackObservation wraps LedgerEnv in the vector env's envs and changes "
+                    "values on purpose, so the envs will differ from their first events; " + PLACE +
+                    " (e.g. LedgerEnv(FrameStackObservation(env), directory, index=i)), or pass check_wrappers=False "
+                    "if you mean to check through it"]
+
+
+def test_wrappers_inside_ledgerenv_are_not_named(tmp_path):
+    envs = gym.vector.SyncVectorEnv([lambda: LedgerEnv(gym.wrappers.NormalizeReward(gym.make("Pendulum-v1")),
+                                                       str(tmp_path), index=0)])
+    assert outer_env_wrappers(envs) == []  # inside LedgerEnv: on the env side, recorded as the trainer gets it
+    bare = gym.vector.SyncVectorEnv([lambda: gym.wrappers.NormalizeReward(gym.make("Pendulum-v1"))])
+    assert outer_env_wrappers(bare) == []  # no LedgerEnv in this process: nothing known of where it is
+    envs.close()
+    bare.close()
 
 
 def test_wrappers_that_only_watch_are_not_named():
