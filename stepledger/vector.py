@@ -1,5 +1,7 @@
 """The trainer side for Gymnasium: ``LedgerVectorEnv``, innermost around the vector env."""
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 
@@ -156,8 +158,6 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         link_envs(env, self.ledger)
         self.live = bool(live)
         self._same = self.autoreset_mode == SAME_STEP
-        self._info = None  # the latest step's info, while it is recorded (same-step autoreset)
-        self._final_of = self._final_obs_of
         self._pending_reset_mask = None  # the mask of a reset started by reset_async
 
     @property
@@ -267,17 +267,14 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
     def _recorded(self, obs, rewards, terminated, truncated, info):
         """Record a vector step's results (from step or step_wait) and return them unchanged."""
         if self._same:
-            self._info = info
-            self.ledger.step(obs, rewards, terminated, truncated, self._final_of)
-            self._info = None
+            # info holds final_obs only at a step where an env ended: a lookup is made for those steps only
+            finals = functools.partial(final_obs_at, info) if "final_obs" in info else None
+            self.ledger.step(obs, rewards, terminated, truncated, finals)
         else:
             self.ledger.step(obs, rewards, terminated, truncated)
         if self.live:
             self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
         return obs, rewards, terminated, truncated, info
-
-    def _final_obs_of(self, i):
-        return final_obs_at(self._info, i)
 
     def _check(self, info, final_info):
         """The live check: an env's token rides in the step's info, and a step that ended an
