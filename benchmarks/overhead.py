@@ -99,30 +99,30 @@ class FrameEnv(gym.Env):
 
 
 def frame_costs(shape, steps, runs, n_envs):
+    """hashlib's µs a frame, and each side's µs an env step: every configuration built once, taking turns in
+    blocks, each ledger's turn set against the bare turn next to it (the median of those differences)."""
     frame = FrameEnv(shape).frame
-    reps = max(steps, 50)
-    hash_us = statistics.median(
-        _time(lambda: hashlib.blake2b(frame, digest_size=8).digest(), reps) for _ in range(runs))
-    env_bare, env_led, tr_bare, tr_led = [], [], [], []
-    for _ in range(runs):
-        d = tempfile.mkdtemp(prefix="stepledger-bench-")
-        for wrap, out in ((False, env_bare), (True, env_led)):
-            env = FrameEnv(shape)
-            if wrap:
-                env = LedgerEnv(env, d, index=0)
-            env.reset(seed=0)
-            out.append(_time(lambda: env.step(0), steps))
-            discard(env, d) if wrap else env.close()
-        actions = [np.zeros(n_envs, dtype=np.int64)] * steps
-        for wrap, out in ((False, tr_bare), (True, tr_led)):
-            envs = gym.vector.SyncVectorEnv([lambda: FrameEnv(shape) for _ in range(n_envs)])
-            if wrap:
-                envs = LedgerVectorEnv(envs, os.path.join(d, "trainer.npz"))
-            out.append(time_vector(envs, actions) / n_envs)
-            discard(envs, d) if wrap else envs.close()
-    env_us = statistics.median(env_led) - statistics.median(env_bare)
-    tr_us = statistics.median(tr_led) - statistics.median(tr_bare)
-    return hash_us, env_us, tr_us
+    d = tempfile.mkdtemp(prefix="stepledger-bench-")
+    env_bare, env_led = FrameEnv(shape), LedgerEnv(FrameEnv(shape), d, index=0)
+    vec_bare = gym.vector.SyncVectorEnv([lambda: FrameEnv(shape) for _ in range(n_envs)])
+    vec_led = LedgerVectorEnv(gym.vector.SyncVectorEnv([lambda: FrameEnv(shape) for _ in range(n_envs)]),
+                              os.path.join(d, "trainer.npz"))
+    for e in (env_bare, env_led, vec_bare, vec_led):
+        e.reset(seed=0)
+    actions = np.zeros(n_envs, dtype=np.int64)
+    block = max(10, steps // 10)
+    hs, env_d, tr_d = [], [], []
+    for _ in range(runs * 10):
+        hs.append(_time(lambda: hashlib.blake2b(frame, digest_size=8).digest(), block))
+        bare = _time(lambda: env_bare.step(0), block)
+        env_d.append(_time(lambda: env_led.step(0), block) - bare)
+        bare = _time(lambda: vec_bare.step(actions), block)
+        tr_d.append((_time(lambda: vec_led.step(actions), block) - bare) / n_envs)
+    discard(env_led, d)
+    discard(vec_led, d)
+    env_bare.close()
+    vec_bare.close()
+    return statistics.median(hs), statistics.median(env_d), statistics.median(tr_d)
 
 
 def calls_in_run(n, actions, runs, flush_interval):
@@ -198,37 +198,42 @@ def main():
         for c in configs:
             discard(envs[c], dirs[c])
     med = {c: statistics.median(v) for c, v in times.items()}
-    env_us = (med["env"] - med["none"]) / n
-    tr_us = (med["trainer"] - med["none"]) / n
+    # Each turn of a configuration is set against the turn of "none" in the same round, a few ms apart, and
+    # the median of those paired differences (and ratios) is taken: a change in the machine's load between
+    # rounds falls on both sides of each pair, where a difference of medians would take it in.
+    diff = {c: statistics.median(t - b for t, b in zip(times[c], times["none"])) / n for c in configs}
+    ratio = {c: statistics.median(t / b for t, b in zip(times[c], times["none"])) for c in configs}
+    env_us, tr_us = diff["env"], diff["trainer"]
+    live_us = statistics.median(t - b for t, b in zip(times["live"], times["both"])) / n
     rows = ["| ledgers | µs per vector step (median) | µs per env step, env side | µs per env step, trainer side | vs. none | specification |",
             "| --- | --- | --- | --- | --- | --- |"]
     for c in configs:
-        e = "%.2f" % ((med[c] - med["none"]) / n) if c in ("env", "both") else ""
-        t = "%.2f" % ((med[c] - med["none"]) / n) if c == "trainer" else ""
-        if c in ("both", "live"):
-            e, t = "%.2f" % env_us, "%.2f" % tr_us
+        e = "%.2f" % env_us if c in ("env", "both", "live") else ""
+        t = "%.2f" % tr_us if c in ("trainer", "both", "live") else ""
         rows.append("| %s | %.1f | %s | %s | %.3fx | %s |" % (
-            c if c != "live" else "both, live=True", med[c], e, t, med[c] / med["none"],
+            c if c != "live" else "both, live=True", med[c], e, t, ratio[c],
             ("%.2fx" % SPEC[c]) if c in SPEC else ("1.00x" if c == "none" else "")))
     out = ["## Per-step overhead (benchmarks/overhead.py)", "",
            "%s." % machine(), "",
            "SyncVectorEnv of %d Pendulum-v1, pre-generated actions, %d runs of %d vector steps in which the "
-           "configurations take turns every %d steps; the median over all turns. Periodic spills on, every %g s "
+           "configurations take turns every %d steps. The µs a vector step are medians over all turns; the per-env-step "
+           "costs and the ratios are medians of each turn set against the turn without ledgers in the same round "
+           "(the env side's from `env`, the trainer side's from `trainer`). Periodic spills on, every %g s "
            "(%d spills to disk in all, counted per ledger file)." % (n, args.runs, args.steps, block, args.flush_interval,
                                                                  n_spills),
            ""] + rows
     out += ["", "Targets: both at most %.2fx (measured %.3fx); env side at most %.1f µs an env step (measured %.2f; "
             "the specification's 5 µs); trainer side at most %.1f µs (measured %.2f; the specification's 4 µs)."
-            % (TARGETS["both_ratio"], med["both"] / med["none"], TARGETS["env_us"], env_us,
+            % (TARGETS["both_ratio"], ratio["both"], TARGETS["env_us"], env_us,
                TARGETS["trainer_us"], tr_us),
             "", "Live mode on top of both ledgers: %.2f µs an env step (target at most %.1f; it includes Gymnasium "
-            "merging one more info key per env)." % ((med["live"] - med["both"]) / n, TARGETS["live_us"])]
+            "merging one more info key per env)." % (live_us, TARGETS["live_us"])]
     call_us = calls_in_run(n, actions, args.runs, args.flush_interval)
     out += ["", "Inside the run: the trainer side's own calls (`TrainerLedger.actions` before the vector env's step, "
             "`TrainerLedger.step` after it, as LedgerVectorEnv makes them), each timed with perf_counter_ns in the "
             "same loop over the same SyncVectorEnv: median %.2f µs an env step (the timer's own cost taken off; "
             "the adapter's Python frame around them, about 0.05 µs a vector step, not counted). A busy machine "
-            "inflates the difference of medians above; a call of a few µs is rarely interrupted, so this figure "
+            "inflates even paired differences; a call of a few µs is rarely interrupted, so this figure "
             "stays close to what the ledger costs." % call_us]
     frows = ["", "Frames (uint8, a trivial env; per side, the ledger's cost per env step against "
              "hashlib.blake2b(digest_size=8) of the same frame; trainer side over a SyncVectorEnv of %d):"
