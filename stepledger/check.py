@@ -23,11 +23,14 @@ from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault, needs, read_record,
 from .vector import LedgerVectorEnv
 
 VECTORS = ("sync", "async", "subproc", "dummy")
+# SuperSuit's SB3 wrapper tells every end as a termination: these faults cannot show through it
+SB3_FORM_BLIND = ("truncated:as-term", "terminated:as-trunc")
 
 
 def is_located(difference, injected):
     """Whether compare's difference for an env names where the fault first changed a value, and
-    exactly the fields it changed (``faults.reported_fields``).
+    exactly the fields it changed (``faults.reported_fields``, or the record's ``fields`` where the
+    fault says which it changed: an agent's whole event).
 
     A skipped step that is never followed by a real one (``step:fill`` at
     every step) leaves the env stream shorter: compare then reports where it
@@ -37,7 +40,7 @@ def is_located(difference, injected):
     if d is None or inj is None:
         return False
     if d.what in ("fields", "kind"):
-        named, expected = set(d.fields), reported_fields(inj["fault"])
+        named, expected = set(d.fields), set(inj.get("fields") or reported_fields(inj["fault"]))
         fits = (bool(named) and named <= expected) if inj["fault"] == "step:fill" else named == expected
         return (d.episode, d.step) == (inj["episode"], inj["step"]) and fits
     if d.what == "length" and inj["fault"] == "step:fill":
@@ -53,9 +56,10 @@ class FaultResult:
     a rollout needs); ``reason`` says why a fault had no opportunity.
     """
 
-    def __init__(self, fault, injected, difference, reason=None, needs=None):
+    def __init__(self, fault, injected, difference, reason=None, needs=None, agents=None):
         self.fault, self.injected, self.difference = fault, injected, difference
         self.reason, self.needs = reason, needs
+        self.agents = agents  # possible_agents, where the fault was injected on one agent's stream
 
     @property
     def short(self):
@@ -76,7 +80,8 @@ class FaultResult:
     def line(self):
         if not self.exercised:
             return wording.fault_result(self.fault, "not exercised", self.reason or wording.NO_OPPORTUNITY)
-        at = (self.injected["env"], self.injected["episode"], self.injected["step"])
+        inj = self.injected
+        at = (inj.get("stream", inj["env"]), inj["episode"], inj["step"]) + ((self.agents,) if self.agents else ())
         if self.located:
             return wording.fault_result(self.fault, "located", at=at)
         if self.caught:
@@ -186,11 +191,12 @@ def _rollout(env_fn, vector, sb3, n_envs, steps, directory, fault, target, at, s
     return compare(directory, trainer_file), (read_record(record) if fault else None)
 
 
-def clean_steps(directory, target):
-    """The target env's steps in the clean run: (ended, terminated, truncated) per step, in order."""
+def clean_steps(directory, target, stream=None):
+    """The target env's steps in the clean run: (terminated, truncated) per step, in order (``stream``:
+    one agent's stream of env copy ``target``'s ledger)."""
     from .read import read
     with read(os.path.join(directory, "env-%d.npz" % target)) as ledger:
-        cols = ledger.streams[target].columns
+        cols = ledger.streams[target if stream is None else stream].columns
     steps = cols["kind"] == 1
     return np.asarray(cols["terminated"])[steps], np.asarray(cols["truncated"])[steps]
 
@@ -287,26 +293,40 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
     target = n_envs - 1 if target is None else int(target)
     if not 0 <= target < n_envs:
         raise ValueError("check_boundary: target must be an env index below n_envs=%d, got %r" % (n_envs, target))
+    time_limit = functools.lru_cache(None)(lambda: _time_limit(env_fn, target))
+
+    def one(sub, fault):
+        return _rollout(env_fn, build, sb3, n_envs, steps, sub, fault, target, at, seed)
+
+    def opportunity(fault, clean_dir):
+        return no_opportunity(fault, *clean_steps(clean_dir, target), at, target, time_limit)
+
+    return run_check(one, faults, opportunity, directory, keep, steps, progress)
+
+
+def run_check(one, faults, opportunity, directory=None, keep=False, steps=None, progress=None, agents=None,
+              prefix="stepledger-check-"):
+    """The check's runs: ``one(sub, fault)`` runs a rollout into directory ``sub`` (``fault`` None: the
+    clean one) and returns (compare's report, where the fault was injected or None); where a fault found
+    no opportunity, ``opportunity(fault, clean_dir)`` says why and how many steps a rollout needs (or
+    None). Returns the CheckReport; a temporary directory made here is removed when the check passes."""
     made = directory is None
-    directory = directory or tempfile.mkdtemp(prefix="stepledger-check-")
+    directory = directory or tempfile.mkdtemp(prefix=prefix)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # step-after-done warnings from faulty flags are expected
             clean_dir = os.path.join(directory, "clean")
-            clean, _ = _rollout(env_fn, build, sb3, n_envs, steps, clean_dir, None, target, at, seed)
-            term, trunc = clean_steps(clean_dir, target)
-            time_limit = functools.lru_cache(None)(lambda: _time_limit(env_fn, target))
+            clean, _ = one(clean_dir, None)
             if progress is not None:
                 progress(1, len(faults) + 1)
             results = []
             for k, fault in enumerate(faults):
-                sub = os.path.join(directory, fault.replace(":", "_"))
-                report, injected = _rollout(env_fn, build, sb3, n_envs, steps, sub, fault, target, at, seed)
-                diff = report.by_env().get(injected["env"]) if injected else None
+                report, injected = one(os.path.join(directory, fault.replace(":", "_")), fault)
+                diff = report.by_env().get(injected.get("stream", injected["env"])) if injected else None
                 reason = needs = None
                 if injected is None:
-                    reason, needs = no_opportunity(fault, term, trunc, at, target, time_limit)
-                results.append(FaultResult(fault, injected, diff, reason, needs))
+                    reason, needs = opportunity(fault, clean_dir)
+                results.append(FaultResult(fault, injected, diff, reason, needs, agents))
                 if progress is not None:
                     progress(k + 2, len(faults) + 1)
     except BaseException:
@@ -318,6 +338,111 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
         shutil.rmtree(directory, ignore_errors=True)
         out.directory = None
     return out
+
+
+# ---------------------------------------------------------------- PettingZoo parallel envs through SuperSuit
+
+SUPERSUIT_FORMS = ("gymnasium", "sb3")
+
+
+def supersuit_rollout(env_fn, form, copies, num_cpus, steps, directory, fault=None, target=0, agent=None, at=2,
+                      seed=0, dose="one"):
+    """One rollout of ``copies`` copies of ``env_fn()`` through SuperSuit's vector env of ``form``, with both
+    ledgers (FaultyParallelEnv outside LedgerParallelEnv where ``fault``) and random actions; returns
+    (compare's report, {stream: where the fault first struck it}), from each copy's record."""
+    import supersuit as ss
+
+    from .faults import FaultyParallelEnv
+    from .pettingzoo import LedgerParallelEnv, LedgerSuperSuitVecEnv, index_supersuit_copies
+    env = LedgerParallelEnv(env_fn(), directory)
+    if fault is not None:
+        env = FaultyParallelEnv(env, fault, agent=agent, dose=dose, at=at, target=target, seed=seed,
+                                record=os.path.join(directory, "fault-{env}.json"))
+    trainer_file = os.path.join(directory, "trainer.npz")
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), copies, num_cpus=num_cpus,
+                                 base_class="gymnasium" if form == "gymnasium" else "stable_baselines3")
+    try:
+        if form == "gymnasium":
+            venv = LedgerSuperSuitVecEnv(venv, trainer_file)
+            venv.reset(seed=seed)
+        else:
+            from .sb3 import LedgerVecEnv
+            index_supersuit_copies(venv)
+            venv = LedgerVecEnv(venv, trainer_file)
+            venv.reset()  # no seed: SuperSuit's SB3 wrapper would call the seed() its vector env lacks
+        space = venv.action_space
+        space.seed(seed)
+        for _ in range(steps):
+            venv.step(np.stack([space.sample() for _ in range(venv.num_envs)]))
+    finally:
+        venv.close()
+    injected = {}
+    for c in range(copies if fault is not None else 0):
+        rec = read_record(os.path.join(directory, "fault-%d.json" % c))
+        if rec is not None:
+            injected[rec["stream"]] = rec
+    return compare(directory, trainer_file), injected
+
+
+def check_parallel(env_fn, form="gymnasium", copies=2, num_cpus=0, steps=100, faults=None, agent=None, at=2,
+                   target=None, seed=0, directory=None, keep=False, progress=None):
+    """``check_boundary`` for a PettingZoo parallel env through SuperSuit's vector envs.
+
+    Each fault of ``faults`` (default: every one of ``faults.MULTIAGENT_FAULTS`` the form can show) is
+    injected by ``FaultyParallelEnv`` outside ``LedgerParallelEnv``, on agent ``agent`` (default: the last
+    of possible_agents) of env copy ``target`` (default: the last copy), at its first opportunity at or
+    after that agent's step ``at``; the report says whether compare named the copy, agent, episode, step
+    and field.
+
+    Args:
+        env_fn: ``env_fn()`` returns the raw parallel env (a picklable factory: with ``num_cpus > 1`` the
+            copies live in SuperSuit's worker processes).
+        form: "gymnasium" (``concat_vec_envs_v1(..., base_class="gymnasium")`` and LedgerSuperSuitVecEnv)
+            or "sb3" (``base_class="stable_baselines3"`` and stepledger.sb3.LedgerVecEnv).
+        copies, num_cpus: SuperSuit's ``num_vec_envs`` and ``num_cpus``.
+        steps: vector steps per run. Other arguments as for ``check_boundary``.
+    """
+    from .faults import MULTIAGENT_FAULTS
+    if form not in SUPERSUIT_FORMS:
+        raise ValueError("check_parallel: form must be one of %s, got %r" % (SUPERSUIT_FORMS, form))
+    for name, value in (("copies", copies), ("steps", steps), ("num_cpus", num_cpus + 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError("check_parallel: %s must be a positive int, got %r" % (name, value))
+    blind = SB3_FORM_BLIND if form == "sb3" else ()
+    if faults is None:
+        faults = [f for f in MULTIAGENT_FAULTS if f not in blind]
+    faults = [check_fault(f, MULTIAGENT_FAULTS, "check_parallel") for f in faults]
+    probe = env_fn()
+    try:
+        agents = list(probe.possible_agents)
+        limit = getattr(probe.unwrapped, "max_cycles", None)
+    finally:
+        probe.close()
+    agent = agents[-1] if agent is None else agent
+    if agent not in agents:
+        raise ValueError("check_parallel: agent %r is not one of possible_agents %r" % (agent, agents))
+    target = copies - 1 if target is None else int(target)
+    if not 0 <= target < copies:
+        raise ValueError("check_parallel: target must be an env copy below copies=%d, got %r" % (copies, target))
+    stream = target * len(agents) + agents.index(agent)
+    name = wording.stream_name(stream, agents)
+
+    def one(sub, fault):
+        if fault in blind:
+            return None, None
+        report, injected = supersuit_rollout(env_fn, form, copies, num_cpus, steps, sub, fault, target, agent, at,
+                                             seed)
+        return report, injected.get(stream)
+
+    def opportunity(fault, clean_dir):
+        if fault in blind:
+            return wording.SB3_FORM_BLIND, None
+        term, trunc = clean_steps(clean_dir, target, stream)
+        if fault == "agent:pad":
+            return wording.never_left_early(name), None
+        return no_opportunity(fault, term, trunc, at, name, lambda: limit)
+
+    return run_check(one, faults, opportunity, directory, keep, steps, progress, agents, "stepledger-check-parallel-")
 
 
 class _RegisteredEnv:

@@ -9,15 +9,20 @@ The faults are those of the paper behind stepledger (Gou and Lu, 2026, Sec. III)
 - ``terminated:spurious``, ``truncated:as-term``, ``truncated:drop``,
   ``terminated:drop``, ``terminated:as-trunc``;
 - ``step:fill`` (the env is not stepped and the previous feedback is sent
-  again; env side only).
+  again; env side only);
+- on one agent of a PettingZoo parallel env (``MULTIAGENT_FAULTS``): most of
+  the above, and ``reward:drop``, ``final-obs:reset``, ``agent:pad`` and
+  ``agent:swap`` (``AGENT_FAULTS``).
 
-One engine, ``FaultEngine``, decides per env where a fault strikes and how it
-changes a value, and records where it struck. Three adapters put it in a
-stack; each only translates its library's conventions into the engine's
-calls: ``FaultyEnv`` wraps ``LedgerEnv`` in the worker (the faults happen on
-the env's side of the wire), ``FaultyVectorEnv`` (Gymnasium, NEXT_STEP or
-SAME_STEP) and ``FaultyVecEnv`` (SB3; defined here when SB3 is installed) sit
-between the vector env and the trainer-side ledger. A dose is ``"one"`` (the
+One engine, ``FaultEngine``, decides per env (or per agent) where a fault
+strikes and how it changes a value, and records where it struck. Four
+adapters put it in a stack; each only translates its library's conventions
+into the engine's calls: ``FaultyEnv`` wraps ``LedgerEnv`` in the worker (the
+faults happen on the env's side of the wire), ``FaultyVectorEnv`` (Gymnasium,
+NEXT_STEP or SAME_STEP) and ``FaultyVecEnv`` (SB3; defined here when SB3 is
+installed) sit between the vector env and the trainer-side ledger, and
+``FaultyParallelEnv`` (when PettingZoo is installed) wraps
+``LedgerParallelEnv``, inside SuperSuit's wrappers. A dose is ``"one"`` (the
 first opportunity at or after step ``at`` of env ``target``), a fraction such
 as ``0.01`` (each opportunity drawn from a generator seeded with ``seed`` and
 the env, so the same cells are hit at every training seed) or ``"all"``. A
@@ -59,12 +64,15 @@ def reported_fields(fault):
         return {"terminated", "truncated"}
     if field in ("terminated", "truncated"):
         return {field}
+    if field == "agent":  # an agent's whole event: the fields it changed are in its record's "fields"
+        return set(EVENT_FIELDS)
     return {"kind", "action", "obs", "reward"}  # step:fill
 
 
 # What a step of the env must be for each fault to have an opportunity there: the engine strikes only
 # at such a step, and check_boundary says which kind of step a rollout lacked when a fault found none.
 _NEEDS = {"obs": "step", "action": "any", "reward": "any", "step": "any", "final-obs": "end",
+          "agent:pad": "end", "agent:swap": "any",
           "terminated:spurious": "step", "truncated:as-term": "truncation", "truncated:drop": "truncation",
           "terminated:drop": "termination", "terminated:as-trunc": "termination"}
 _MEETS = {"any": lambda te, tr: True, "step": lambda te, tr: not (te or tr), "end": lambda te, tr: te or tr,
@@ -168,7 +176,7 @@ def _copy(value):
 
 def changed_value(value, way, previous, space=None, other=None):
     """The faulty version of ``value``, or None when this fault cannot change it here."""
-    if way == "zero":
+    if way in ("zero", "drop"):  # a dropped reward reaches the trainer as 0 (SuperSuit's rewards.get(agent, 0))
         new = _zero(value)
     elif way == "f16":
         new = _f16(value)
@@ -176,7 +184,7 @@ def changed_value(value, way, previous, space=None, other=None):
         if previous is None:
             return None
         new = _copy(previous)
-    elif way == "swap":
+    elif way in ("swap", "reset"):  # another env's (agent's) value, or the reset obs that follows an end
         if other is None:
             return None
         new = _copy(other)
@@ -213,6 +221,19 @@ def changed_reward(reward, way, previous, other=None):
     return new
 
 
+EVENT_FIELDS = ("obs", "reward", "terminated", "truncated")
+
+
+def _event_changes(event, other):
+    """The fields in which ``other`` (obs, reward, terminated, truncated) differs from ``event``, as a ledger
+    sees them (a reward as float32)."""
+    (obs, reward, te, tr), (o_obs, o_reward, o_te, o_tr) = event, other
+    flat_a, flat_b = _flat(obs), _flat(o_obs)
+    changes = (len(flat_a) != len(flat_b) or any(_changed(a, b) for a, b in zip(flat_a, flat_b)),
+               np.float32(reward) != np.float32(o_reward), bool(te) != bool(o_te), bool(tr) != bool(o_tr))
+    return [name for name, c in zip(EVENT_FIELDS, changes) if c]
+
+
 def changed_flags(fault, terminated, truncated):
     """Faulty (terminated, truncated), or None when the fault has no opportunity here."""
     terminated, truncated = bool(terminated), bool(truncated)
@@ -234,20 +255,28 @@ class _Where:
 
     def __init__(self, record):
         self.first = None
-        self.by_env = {}  # env -> its first change
+        self.by_env = {}  # env (or, per agent, the agent's stream) -> its first change
         self.count = 0
         self.record = os.fspath(record) if record is not None else None
+        self.agents = None  # possible_agents, set by a multi-agent adapter: a record then names the agent's stream
 
-    def hit(self, env, episode, step, fault, agent=None):
+    def hit(self, env, episode, step, fault, agent=None, fields=None):
         self.count += 1
-        if int(env) not in self.by_env:
-            field = fault.split(":")[0]
-            self.by_env[int(env)] = {"env": int(env), "episode": int(episode), "step": int(step), "fault": fault,
-                                     "field": {"final-obs": "obs"}.get(field, field)}
+        key = int(env)
+        if agent is not None and self.agents is not None:  # the agent's stream: SuperSuit's vector slot
+            key = key * len(self.agents) + self.agents.index(agent)
+        if key not in self.by_env:
+            field = fault.split(":")[0] if not fields else fields[0]
+            self.by_env[key] = rec = {"env": int(env), "episode": int(episode), "step": int(step), "fault": fault,
+                                      "field": {"final-obs": "obs"}.get(field, field)}
             if agent is not None:
-                self.by_env[int(env)]["agent"] = agent
+                rec["agent"] = agent
+                if self.agents is not None:
+                    rec["stream"] = key
+            if fields:
+                rec["fields"] = list(fields)
         if self.first is None:
-            self.first = self.by_env[int(env)]
+            self.first = self.by_env[key]
             if self.record:
                 os.makedirs(os.path.dirname(os.path.abspath(self.record)) or ".", exist_ok=True)
                 tmp = self.record + ".tmp-%d" % os.getpid()
@@ -359,10 +388,10 @@ class FaultEngine:
             s.cells += 1
         return s
 
-    def _hit(self, s, env, agent):
+    def _hit(self, s, env, agent, fields=None):
         s.drawn = False
         self.dose.took()
-        self.where.hit(env, s.episode, s.step + 1, self.fault, agent)
+        self.where.hit(env, s.episode, s.step + 1, self.fault, agent, fields)
 
     def reset(self, env, obs, agent=None):
         """Env ``env`` was reset and returned ``obs``: a new episode starts."""
@@ -416,10 +445,13 @@ class FaultEngine:
         s = self._open(env, agent)
         s.open = False
         ended = bool(terminated) or bool(truncated)
-        out = None
+        out, fields = None, None
         if s.drawn and self._meets(bool(terminated), bool(truncated)):
             field, way = self.field, self.way
-            if field in ("obs", "final-obs") and obs is not None:
+            if field == "agent":  # the whole event replaced by the one the adapter passes (None: no opportunity)
+                fields = None if other is None else _event_changes((obs, reward, terminated, truncated), other)
+                out = tuple(other) if fields else None
+            elif field in ("obs", "final-obs") and obs is not None:
                 new = changed_value(obs, way, s.prev_obs, other=None if other is None else other[0])
                 out = None if new is None else (new, reward, terminated, truncated)
             elif field == "reward":
@@ -429,7 +461,7 @@ class FaultEngine:
                 new = changed_flags(self.fault, terminated, truncated)
                 out = None if new is None else (obs, reward) + new
             if out is not None:
-                self._hit(s, env, agent)
+                self._hit(s, env, agent, fields)
         s.step, s.ended = s.step + 1, ended
         if obs is not None:
             s.prev_obs = _copy(obs)
@@ -682,3 +714,135 @@ if _VecEnvWrapper is not None:
             for i in np.flatnonzero(ended):
                 self.engine.reset(int(i), _row(obs, int(i)))
             return sent, rewards, dones, infos
+
+
+# ---------------------------------------------------------------- multi-agent: PettingZoo parallel envs
+
+# The paper's multi-agent classes, on one agent of one env copy: the single-agent value and flag faults (not the
+# swaps between envs, not step:fill: a parallel env steps every agent at once; not the dropped ends, which
+# SuperSuit's vectorisation cannot carry, an agent out of step with the others: agent:pad is their form here), and
+AGENT_FAULTS = ("reward:drop",      # the agent's reward missing from the step's rewards (the trainer gets 0)
+                "final-obs:reset",  # its final obs replaced by the obs of the reset that follows
+                "agent:pad",        # it left, the trainer is not told, and gets padded steps until the env ends
+                "agent:swap")       # its event (obs, reward, flags) is the next agent's
+MULTIAGENT_FAULTS = tuple(f for f in ENV_SIDE_FAULTS
+                          if f not in ("step:fill", "truncated:drop", "terminated:drop")) + AGENT_FAULTS
+
+try:  # the parallel-env injector exists only where PettingZoo is installed
+    from pettingzoo.utils import BaseParallelWrapper as _BaseParallelWrapper
+except ImportError:  # pragma: no cover
+    _BaseParallelWrapper = None
+
+if _BaseParallelWrapper is not None:
+
+    class FaultyParallelEnv(_Adapter, _BaseParallelWrapper):
+        """Injects one multi-agent boundary fault on one agent of a PettingZoo parallel env.
+
+        It goes outside ``LedgerParallelEnv`` and inside any SuperSuit wrapper
+        (the faults happen on the env's side of the boundary):
+        ``FaultyParallelEnv(LedgerParallelEnv(par_env, d), "reward:drop", agent="agent_1", target=1)``.
+        The engine keeps one stream per agent (its positions are the env
+        ledger's); the record names the env copy, the agent and its stream.
+
+        Args:
+            env: the parallel env, already wrapped in LedgerParallelEnv.
+            fault: one of ``MULTIAGENT_FAULTS``.
+            index: the env copy's index; None: the LedgerParallelEnv's at the first reset.
+            agent: the agent that is hit (None: the first agent of copy ``target`` that has an opportunity).
+            dose, at, target, seed: as for FaultyEnv (``at`` counts the agent's steps).
+            record: a JSON file to write where the fault first changed a value; ``{env}`` in it is replaced
+                by the copy's index (SuperSuit's copies are built from one env: one file each).
+        """
+
+        def __init__(self, env, fault, index=None, agent=None, dose="one", at=10, target=0, seed=0, record=None):
+            super().__init__(env)
+            self._possible = list(env.possible_agents)
+            if agent is not None and agent not in self._possible:
+                raise ValueError("FaultyParallelEnv: agent %r is not one of possible_agents %r"
+                                 % (agent, self._possible))
+            self.index = None if index is None else int(index)
+            self.engine = FaultEngine(fault, dose, at, target, seed, record, env.action_space(self._possible[0]),
+                                      target_agent=agent, allowed=MULTIAGENT_FAULTS, owner="FaultyParallelEnv")
+            self.engine.where.agents = self._possible
+            self._padded = {}     # agent -> (terminated, truncated, final obs): it left, the trainer was not told
+            self._pending = None  # final-obs:reset: the reset made at the end, handed on at the next reset()
+
+        @property
+        def agents(self):
+            live = set(self.env.agents) | set(self._padded)
+            return [a for a in self._possible if a in live]
+
+        def reset(self, seed=None, options=None):
+            if self._pending is not None and seed is None and options is None:
+                (obs, infos), self._pending = self._pending, None  # the reset made at the last end
+            else:
+                self._pending = None
+                obs, infos = self.env.reset(seed=seed, options=options)
+            if self.index is None:
+                self.index = _ledger_index(self.env)
+            if self.where.record and "{env}" in self.where.record:
+                self.where.record = self.where.record.replace("{env}", str(self.index))
+            self._padded = {}
+            for agent, value in obs.items():
+                self.engine.reset(self.index, value, agent=agent)
+            return obs, infos
+
+        def step(self, actions):
+            engine, i, padded = self.engine, self.index, self._padded
+            acting = [a for a in actions if a not in padded and a in self.env.agents]
+            obs, rewards, terms, truncs, infos = self.env.step({a: engine.action(i, actions[a], agent=a)
+                                                                for a in acting})
+            over = not self.env.agents  # every agent is out: the caller resets next
+            if over and self.way == "reset":
+                self._pending = self.env.reset()  # the reset the caller makes next, made now for its obs
+            out = [dict(obs), dict(rewards), dict(terms), dict(truncs), dict(infos)]
+            events = [(obs.get(a), rewards.get(a, 0.0), bool(terms.get(a, False)), bool(truncs.get(a, False)))
+                      for a in acting]
+            for k, a in enumerate(acting):
+                new, struck = engine._close(i, *events[k], self._other(a, k, acting, events, over), a)
+                if struck:
+                    self._send(out, a, events[k], new)
+            for a in obs:
+                if a not in acting and a not in padded:  # joined this step: its first obs
+                    engine.reset(i, obs[a], agent=a)
+            for a, (te, tr, final) in list(padded.items()):
+                if a not in acting:  # a step the env never took: zeros, reward 0, no end until every agent is out
+                    out[0][a], out[1][a], out[4][a] = _zero(final), 0.0, {}
+                    out[2][a], out[3][a] = (te, tr) if over else (False, False)
+            if over:
+                padded.clear()
+            return tuple(out)
+
+        def _other(self, a, k, acting, events, over):
+            """What the engine may put in agent a's place: the next agent's event (swap), its event with the end
+            hidden (pad, where it leaves while others go on), the reset's obs (final-obs:reset); else None."""
+            obs, reward, te, tr = events[k]
+            if self.fault == "agent:swap" and len(acting) > 1:
+                return events[(k + 1) % len(acting)]
+            if self.fault == "agent:pad" and (te or tr) and not over:
+                return obs, reward, False, False
+            if self.fault == "final-obs:reset" and self._pending is not None and a in self._pending[0]:
+                return self._pending[0][a], reward
+            return None
+
+        def _send(self, out, a, event, new):
+            obs, rewards, terms, truncs, infos = out
+            obs[a], rewards[a], terms[a], truncs[a] = new
+            if self.fault == "reward:drop":
+                del rewards[a]
+            elif self.fault == "agent:pad":
+                self._padded[a] = (event[2], event[3], new[0])
+            elif (new[2] or new[3]) and not (event[2] or event[3]):  # a step made an end: its obs is the final obs
+                infos[a] = dict(infos.get(a) or {}, terminal_observation=new[0])
+
+
+def _ledger_index(env):
+    """The index of the LedgerParallelEnv inside ``env``, once it has one; a one-line error otherwise."""
+    while env is not None:
+        if hasattr(env, "set_index") and hasattr(env, "ledger_path"):
+            if env.index is None:
+                break
+            return int(env.index)
+        env = env.__dict__.get("env")
+    raise ValueError("FaultyParallelEnv: no index= and no LedgerParallelEnv inside that knows its index at the "
+                     "first reset; give FaultyParallelEnv index= or the LedgerParallelEnv its index")

@@ -18,6 +18,7 @@ with its first observation, recorded as a reset. The ledger file is
 
 import os
 import warnings
+import weakref
 
 import numpy as np
 
@@ -55,6 +56,11 @@ def _one_space(env, kind, agents):
                               "pad_observations_v0 / pad_action_space_v0), as SuperSuit's vector envs need anyway"
                               % (agents[0], agent, kind, spaces[0], space))
     return spaces[0]
+
+
+# (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
+# (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
+_COPIES = []
 
 
 class LedgerParallelEnv(BaseParallelWrapper):
@@ -104,6 +110,10 @@ class LedgerParallelEnv(BaseParallelWrapper):
         self.index = None
         if index is not None:
             self.set_index(index)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _COPIES.append((os.getpid(), weakref.ref(self)))
 
     # ------------------------------------------------------------------ the index
 
@@ -210,36 +220,91 @@ class LedgerParallelEnv(BaseParallelWrapper):
             self.env.close()
 
 
-def index_supersuit_copies(venv):
+def _supersuit_inner(venv):
+    """SuperSuit's ConcatVecEnv (in-process copies) or ProcConcatVec (worker processes) in ``venv``."""
+    inner = venv
+    for _ in range(8):  # SuperSuit's SB3 or Gymnasium wrapper around it
+        if hasattr(inner, "vec_envs") or hasattr(inner, "procs"):
+            return inner
+        inner = getattr(inner, "venv", None)
+        if inner is None:
+            break
+    raise LedgerError("index_supersuit_copies: %s is not one of SuperSuit's vector envs (concat_vec_envs_v1: a "
+                      "ConcatVecEnv, or a ProcConcatVec with num_cpus > 1)" % type(venv).__name__)
+
+
+def _ledger_in(par_env):
+    env = par_env
+    while env is not None and not isinstance(env, LedgerParallelEnv):
+        env = env.__dict__.get("env")
+    return env
+
+
+def index_supersuit_copies(venv, strict=True):
     """Give each env copy of a SuperSuit vector env its index: copy c's LedgerParallelEnv gets c.
 
     ``concat_vec_envs_v1`` builds every copy from one env (a pickled copy of
     it), so an index given at construction would be the same in all of them:
     build ``LedgerParallelEnv(par_env, directory)`` without one and call this
-    on the vector env before its first reset. In-process copies only
-    (``num_cpus=0`` or 1); returns the number of copies indexed.
+    on the vector env before its first reset. In-process copies (``num_cpus``
+    0 or 1) are given theirs here; with worker processes (``num_cpus > 1``)
+    the indices travel to the workers in a message of SuperSuit's own (its
+    ``env_is_wrapped`` query, whose wrapper class is unpickled in each
+    worker), and each worker numbers its copies from the first vector slot
+    SuperSuit gave it. Returns the number of copies (in-process) or worker
+    processes given their indices. ``strict=False`` passes over copies with
+    no LedgerParallelEnv and copies indexed already.
     """
-    inner = venv
-    for _ in range(8):  # SuperSuit's SB3 or Gymnasium wrapper around its ConcatVecEnv
-        if hasattr(inner, "vec_envs"):
-            break
-        inner = getattr(inner, "venv", None)
-        if inner is None:
-            break
-    copies = getattr(inner, "vec_envs", None)
-    if copies is None:
-        raise LedgerError("index_supersuit_copies: %s holds no in-process env copies (SuperSuit's ConcatVecEnv): "
-                          "with num_cpus > 1 the copies live in worker processes; give each its index there"
-                          % type(venv).__name__)
-    for c, copy in enumerate(copies):
-        env = getattr(copy, "par_env", None)
-        while env is not None and not isinstance(env, LedgerParallelEnv):
-            env = env.__dict__.get("env")
+    inner = _supersuit_inner(venv)
+    if hasattr(inner, "procs"):
+        slots = {p.pid: (inner.idx_starts[w], inner.idx_starts[w + 1] - inner.idx_starts[w])
+                 for w, p in enumerate(inner.procs)}
+        inner.env_is_wrapped(_WorkerIndices(slots, strict))
+        return len(inner.procs)
+    for c, copy in enumerate(inner.vec_envs):
+        env = _ledger_in(getattr(copy, "par_env", None))
         if env is None:
+            if not strict:
+                continue
             raise LedgerError("index_supersuit_copies: env copy %d has no LedgerParallelEnv in it (wrap the raw "
                               "parallel env, before any SuperSuit wrapper)" % c)
-        env.set_index(c)
-    return len(copies)
+        if env.index is None or strict:
+            env.set_index(c)
+    return len(inner.vec_envs)
+
+
+def _index_worker_copies(slots, strict):
+    """In a SuperSuit worker process: number this process's env copies from its first vector slot.
+
+    Runs as the worker unpickles ``_WorkerIndices``; returns the class SuperSuit then asks about.
+    """
+    first, n_slots = slots.get(os.getpid(), (None, None))
+    pid = os.getpid()
+    copies = [ref() for p, ref in _COPIES if p == pid]
+    copies = [c for c in copies if c is not None]
+    if first is not None and copies:
+        n_agents = len(copies[0]._agents)
+        if strict and len(copies) * n_agents != n_slots:
+            raise LedgerError("index_supersuit_copies: worker process %d holds %d LedgerParallelEnv copies of %d "
+                              "agents for %d vector slots: wrap each copy's raw parallel env in one "
+                              "LedgerParallelEnv" % (pid, len(copies), n_agents, n_slots))
+        for k, env in enumerate(copies):
+            if env.index is None or strict:
+                env.set_index(first // n_agents + k)
+    elif strict and first is not None:
+        raise LedgerError("index_supersuit_copies: worker process %d holds no LedgerParallelEnv (wrap the raw "
+                          "parallel env, before any SuperSuit wrapper)" % pid)
+    return LedgerParallelEnv
+
+
+class _WorkerIndices:
+    """What index_supersuit_copies sends each worker: unpickled there, it gives the copies their indices."""
+
+    def __init__(self, slots, strict):
+        self.slots, self.strict = slots, strict
+
+    def __reduce__(self):
+        return _index_worker_copies, (self.slots, self.strict)
 
 
 _TERMINAL_OBS = "terminal_observation"
@@ -266,11 +331,10 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
 
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None):
         self.venv = venv
-        if getattr(venv, "vec_envs", None) is not None:
-            try:
-                index_supersuit_copies(venv)
-            except LedgerError:
-                pass  # copies without a LedgerParallelEnv, or given their indices already: nothing to give
+        try:
+            index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
+        except LedgerError:
+            pass  # not one of SuperSuit's vector envs: nothing to give
         self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
                                     autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values,
                                     flush_interval=flush_interval, owner="LedgerSuperSuitVecEnv")

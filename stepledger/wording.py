@@ -171,25 +171,40 @@ NO_OPPORTUNITY = "no opportunity in this rollout"
 _END_WORDS = {"end": "an episode end", "termination": "a termination", "truncation": "a truncation"}
 
 
+def _env(env):
+    """An env index, or a stream already named (``env 1, agent agent_1``)."""
+    return env if isinstance(env, str) else "env %d" % env
+
+
 def too_few_steps(env, made, at):
-    return "the rollout is too short: env %d made %d steps; the fault waits for step %d" % (env, made, at)
+    return "the rollout is too short: %s made %d steps; the fault waits for step %d" % (_env(env), made, at)
 
 
 def end_only_before(env, need, at):
-    return "the rollout is too short: env %d had %s only before step %d" % (env, _END_WORDS[need], at)
+    return "the rollout is too short: %s had %s only before step %d" % (_env(env), _END_WORDS[need], at)
 
 
 def never_ended_so(env, need):
     """Episodes ended, never this way: the env does not give this fault a chance (not a failure)."""
-    return "no opportunity: env %d's episodes never ended with %s in this rollout" % (env, _END_WORDS[need])
+    return "no opportunity: %s's episodes never ended with %s in this rollout" % (_env(env), _END_WORDS[need])
 
 
 def no_episode_end(env, made, time_limit=None):
     if time_limit:
-        return ("the rollout is too short: no episode of env %d ended in its %d steps, and its time limit is %d"
-                % (env, made, time_limit))
-    return "the rollout is too short: no episode of env %d ended in its %d steps (give the env a time limit)" % (
-        env, made)
+        return ("the rollout is too short: no episode of %s ended in its %d steps, and its time limit is %d"
+                % (_env(env), made, time_limit))
+    return "the rollout is too short: no episode of %s ended in its %d steps (give the env a time limit)" % (
+        _env(env), made)
+
+
+def never_left_early(env):
+    """agent:pad in a rollout where the agent never left while the others went on (not a failure)."""
+    return ("no opportunity: %s never left while the other agents went on (agent:pad needs an env whose agents "
+            "leave apart)" % _env(env))
+
+
+SB3_FORM_BLIND = ("SuperSuit's SB3 wrapper tells the trainer every end as a termination: a fault that trades "
+                  "termination and truncation cannot show through it")
 
 
 def fault_result(fault, outcome, reason=None, at=None, said=None):
