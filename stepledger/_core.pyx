@@ -827,10 +827,16 @@ cdef class VectorRecorder:
     cdef cnp.ndarray ev_count, ev_kind, ev_obs, ev_act, ev_rew, ev_flags
     # per env: whether a good token has arrived, and the position of the last one
     cdef public cnp.ndarray token_seen, token_episode, token_step
+    # per env: the env index its live tokens must name (env i's own by default; a multi-agent slot's stream)
+    cdef readonly cnp.ndarray stream_ids
 
-    def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32):
+    def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32, stream_ids=None):
         self.buffers = buffers
         self.n = len(buffers)
+        # the env index each env's tokens must name: its own, or the stream_ids given (one per env)
+        self.stream_ids = np.array(range(self.n) if stream_ids is None else stream_ids, dtype=np.int64).reshape(-1)
+        if self.stream_ids.shape[0] != self.n:
+            raise ValueError("stream_ids: %d ids for %d envs" % (self.stream_ids.shape[0], self.n))
         self.obs_layout = obs_layout
         self.act_layout = act_layout
         self.obs = _Digester(obs_layout)
@@ -901,6 +907,7 @@ cdef class VectorRecorder:
         cdef uint8_t *seen = <uint8_t *>cnp.PyArray_DATA(self.token_seen)
         cdef int64_t *tep = <int64_t *>cnp.PyArray_DATA(self.token_episode)
         cdef int64_t *tst = <int64_t *>cnp.PyArray_DATA(self.token_step)
+        cdef int64_t *sid = <int64_t *>cnp.PyArray_DATA(self.stream_ids)
         problems = []
         for i in range(self.n):
             c = evc[i]
@@ -913,7 +920,7 @@ cdef class VectorRecorder:
                 t = <const uint8_t *>PyBytes_AS_STRING(tok)
                 k = 2 * i + j
                 counter = <uint64_t>(cnt[i] - c + j)
-                bad = (t[T_VERSION] != TOKEN_VERSION or _get(t, T_INDEX, W_INDEX) != <uint64_t>i
+                bad = (t[T_VERSION] != TOKEN_VERSION or _get(t, T_INDEX, W_INDEX) != <uint64_t>sid[i]
                        or _get(t, T_COUNTER, W_COUNTER) != counter or t[T_KIND] != ek[k]
                        or _get(t, T_H_OBS, W_H_OBS) != eo[k] or _get(t, T_H_ACT, W_H_ACT) != ea[k]
                        or _get(t, T_H_REW, W_H_REW) != er[k] or t[T_FLAGS] != ef[k])

@@ -393,9 +393,13 @@ class VectorRecorder:
     The reference for the compiled VectorRecorder: same methods, same events.
     """
 
-    def __init__(self, buffers, obs_layout, act_layout, reward_is_f32):
+    def __init__(self, buffers, obs_layout, act_layout, reward_is_f32, stream_ids=None):
         self.buffers = list(buffers)
         self.n = len(self.buffers)
+        # the env index each env's tokens must name: its own, or the stream_ids given (one per env)
+        self.stream_ids = np.array(range(self.n) if stream_ids is None else stream_ids, dtype=np.int64).reshape(-1)
+        if self.stream_ids.shape[0] != self.n:
+            raise ValueError("stream_ids: %d ids for %d envs" % (self.stream_ids.shape[0], self.n))
         self.obs_layout = obs_layout
         self.act_layout = act_layout
         self.is_f32 = bool(reward_is_f32)
@@ -438,7 +442,7 @@ class VectorRecorder:
                 version, index, counter, episode, step, kind, h_obs, h_act, h_rew, flags = struct.unpack(
                     S.TOKEN_FORMAT, tok)
                 ek, eo, ea, er, ete, etr = self._events[i][j]
-                if (version != S.TOKEN_VERSION or index != i or counter != self.counts[i] - c + j or kind != ek
+                if (version != S.TOKEN_VERSION or index != self.stream_ids[i] or counter != self.counts[i] - c + j or kind != ek
                         or h_obs != eo or h_act != ea or h_rew != er or flags != _token_flags(ete, etr)):
                     problems.append((i, j, tok))
                 else:

@@ -164,6 +164,10 @@ TOKEN_KEY = "stepledger"
 # object (bytes) with reward_dtype, observation_space and action_space (their digest signatures), so the
 # trainer side can refuse at the first token when the two sides record differently.
 SETTINGS_KEY = "stepledger_settings"
+# stepledger.pettingzoo.LedgerParallelEnv(live=True) puts each agent's reset token under a key of its own:
+# SuperSuit's vector envs merge the reset's info over the ending step's at an autoreset, and a reset token
+# under TOKEN_KEY would overwrite the step's. Its first token's settings also name the env's possible_agents.
+RESET_TOKEN_KEY = "stepledger_reset"
 TOKEN_VERSION = 1
 TOKEN_FIELDS = (
     ("version", "B"),

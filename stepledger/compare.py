@@ -493,6 +493,10 @@ def _index_hint(report, env_ledger, tr_ledger):
                 break
     if not pairs:
         return None
+    agents = env_ledger.streams[pairs[0][0]].meta.get(S.META_POSSIBLE_AGENTS)
+    if isinstance(agents, list) and agents:
+        # a multi-agent env side: the trainer's slots carry other (env copy, agent) pairs than SuperSuit's order
+        return wording.slot_map_hint(sorted((t, e) for e, t in pairs), agents)
     unmatched = [t for t in tr_side if t not in taken]  # suspects differ early from their own file, if any
     # env-e.npz holds trainer env t's stream, trainer env e has no file of its own and there is no env-t.npz:
     # two envs were given index e and one file overwrote the other

@@ -23,16 +23,24 @@ assert _TOKEN.size == S.TOKEN_SIZE
 class BoundaryFault(Exception):
     """A value changed at the boundary, seen as it happened.
 
-    ``env``, ``episode``, ``step`` (env side's position), ``fields`` (in
-    report order), ``env_values`` and ``trainer_values`` (printed values where
-    known). The message is the comparison report's line for it.
+    ``env`` (the trainer's env: its vector slot), ``episode``, ``step`` (env
+    side's position), ``fields`` (in report order), ``env_values`` and
+    ``trainer_values`` (printed values where known). With a multi-agent env
+    side (``stepledger.pettingzoo``), ``copy`` and ``agent`` name the env copy
+    and the agent of the slot's stream; None otherwise. The message is the
+    comparison report's line for it.
     """
 
-    def __init__(self, message, env, episode, step, fields, env_values=None, trainer_values=None):
+    def __init__(self, message, env, episode, step, fields, env_values=None, trainer_values=None, stream=None,
+                 agents=None):
         super().__init__(message)
         self.env, self.episode, self.step, self.fields = env, episode, step, tuple(fields)
         self.env_values = env_values or {}
         self.trainer_values = trainer_values or {}
+        self.copy = self.agent = None
+        if agents:
+            stream = env if stream is None else stream
+            self.copy, self.agent = stream // len(agents), agents[stream % len(agents)]
 
 
 def unpack_token(token):
@@ -45,20 +53,26 @@ def unpack_token(token):
     return index, counter, episode, step, kind, h_obs, h_act, h_rew, bool(flags & 1), bool(flags & 2)
 
 
-def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
+def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected, stream=None, agents=None):
     """A BoundaryFault for a token that disagrees with the trainer's event, or None.
 
-    ``trainer_event`` is (kind, h_obs, h_act, h_rew, terminated, truncated).
+    ``trainer_event`` is (kind, h_obs, h_act, h_rew, terminated, truncated);
+    ``stream`` the env stream the trainer's env ``env`` carries (itself by
+    default; a multi-agent slot's (env copy, agent) stream), ``agents`` the
+    multi-agent env's possible_agents (or None).
     """
+    stream = env if stream is None else stream
     parsed = unpack_token(token)
     if parsed is None:
-        return BoundaryFault(wording.damaged_token(env, token), env, None, None, ("token",))
+        return BoundaryFault(wording.damaged_token(stream, token, agents), env, None, None, ("token",),
+                             stream=stream, agents=agents)
     index, counter, episode, step, kind, h_obs, h_act, h_rew, te, tr = parsed
-    if index != env:
-        return BoundaryFault(wording.mixed_up_live(env, index, episode, step), env, episode, step, ("env",))
+    if index != stream:
+        return BoundaryFault(wording.mixed_up_live(stream, index, episode, step, agents), env, episode, step,
+                             ("env",), stream=stream, agents=agents)
     if counter != counter_expected:
-        return BoundaryFault(wording.out_of_order(env, episode, step, counter, counter_expected),
-                             env, episode, step, ("order",))
+        return BoundaryFault(wording.out_of_order(stream, episode, step, counter, counter_expected, agents),
+                             env, episode, step, ("order",), stream=stream, agents=agents)
     t_kind, t_obs, t_act, t_rew, t_te, t_tr = trainer_event
     ours = {"kind": kind, "action": h_act, "obs": h_obs, "reward": h_rew, "terminated": te, "truncated": tr}
     theirs = {"kind": t_kind, "action": t_act, "obs": t_obs, "reward": t_rew, "terminated": t_te, "truncated": t_tr}
@@ -66,8 +80,8 @@ def fault_from_event(env, token, trainer_event, reward_dtype, counter_expected):
     if not fields:
         return None
     env_values, tr_values = wording.event_values(fields, ours, theirs, reward_dtype)
-    line = wording.difference_line(env, episode, step, fields, env_values, tr_values)
-    return BoundaryFault(line, env, episode, step, fields, env_values, tr_values)
+    line = wording.difference_line(stream, episode, step, fields, env_values, tr_values, agents=agents)
+    return BoundaryFault(line, env, episode, step, fields, env_values, tr_values, stream, agents)
 
 
 def settings_of(reward_dtype, obs_layout, act_layout):
@@ -77,9 +91,13 @@ def settings_of(reward_dtype, obs_layout, act_layout):
             S.META_ACT_SPACE: digest_signature(act_layout.description)}
 
 
-def settings_message(reward_dtype, obs_layout, act_layout):
-    """The env side's settings as sent with its first token (bytes: a plain immutable value)."""
-    return json.dumps(settings_of(reward_dtype, obs_layout, act_layout), sort_keys=True).encode()
+def settings_message(reward_dtype, obs_layout, act_layout, agents=None):
+    """The env side's settings as sent with its first token (bytes: a plain immutable value); a
+    multi-agent env side also names its possible_agents, so that the trainer side names each slot's agent."""
+    settings = settings_of(reward_dtype, obs_layout, act_layout)
+    if agents:
+        settings[S.META_POSSIBLE_AGENTS] = list(agents)
+    return json.dumps(settings, sort_keys=True).encode()
 
 
 def deliver(fault, on_fault):
@@ -102,14 +120,19 @@ class LiveCheck:
     callable. Every fault is also kept in ``faults``.
     """
 
-    def __init__(self, recorder, reward_dtype, on_fault, owner, settings=None):
+    def __init__(self, recorder, reward_dtype, on_fault, owner, settings=None, streams=None):
         self.rec = recorder
         self.reward_dtype = reward_dtype
         self.on_fault = on_fault
         self.owner = owner
         self.settings = settings  # this side's settings_of(...), checked against each env's first token
+        self.streams = streams    # the env stream each env (slot) carries; None: env i carries stream i
+        self.agents = None        # a multi-agent env side's possible_agents, from its first token's settings
         self.faults = []
         self._silent = set()
+
+    def _stream(self, i):
+        return i if self.streams is None else self.streams[i]
 
     def check_settings(self, values):
         """Refuse (SettingsError) when an env side sent settings that differ from this side's.
@@ -126,9 +149,14 @@ class LiveCheck:
                 theirs = json.loads(value)
             except (ValueError, RecursionError):
                 continue
+            if not isinstance(theirs, dict):
+                continue
             text = wording.settings_difference(theirs, self.settings)
             if text:
                 raise SettingsError(wording.live_settings(self.owner, i, text))
+            agents = theirs.get(S.META_POSSIBLE_AGENTS)
+            if isinstance(agents, list) and agents and all(isinstance(a, str) for a in agents):
+                self.agents = agents
 
     def __call__(self, single, first=None, second=None):
         problems = self.rec.check(single, first, second)
@@ -136,13 +164,16 @@ class LiveCheck:
             return
         pending = []
         first_index = []  # (index in the token, env) for envs whose first token carries another index
+        agents = self.agents
         for i, j, token in problems:
+            stream = self._stream(i)
             if token is None and self.rec.token_seen[i]:
                 # tokens were arriving: this event has none, so the env never produced it
                 kind = self.rec.event(i, j)[0]
                 ep, st = int(self.rec.token_episode[i]), int(self.rec.token_step[i])
                 ep, st = (ep + 1, 0) if kind == S.KIND_RESET else (ep, st + 1)
-                pending.append(BoundaryFault(wording.event_not_given(i, ep, st, kind), i, ep, st, ("kind",)))
+                pending.append(BoundaryFault(wording.event_not_given(stream, ep, st, kind, agents), i, ep, st,
+                                             ("kind",), stream=stream, agents=agents))
                 continue
             if token is None:
                 if i not in self._silent:
@@ -151,20 +182,28 @@ class LiveCheck:
                 continue
             expected = int(self.rec.counts[i]) - self.rec.events_in_call(i) + j
             parsed = unpack_token(token)
-            if parsed is not None and parsed[0] != i and parsed[1] == 0 == expected:
+            if parsed is not None and parsed[0] != stream and parsed[1] == 0 == expected:
                 first_index.append((parsed[0], i))
                 continue
-            fault = fault_from_event(i, token, self.rec.event(i, j), self.reward_dtype, expected)
+            fault = fault_from_event(i, token, self.rec.event(i, j), self.reward_dtype, expected, stream, agents)
             if fault is not None:
                 pending.append(fault)
         if first_index:
-            pending[:0] = self._index_faults(first_index)
+            pending[:0] = self._slot_faults(first_index) if agents else self._index_faults(first_index)
         for fault in pending:
             self.faults.append(fault)
         for fault in pending:
             if self.on_fault != "record":
                 deliver(fault, self.on_fault)
 
+
+    def _slot_faults(self, pairs):
+        """Multi-agent: slots whose first token names another (env copy, agent) than the map gives them, in one
+        fault at the first of them (the map is wrong, or the vector env orders its slots another way)."""
+        found = [(env, self._stream(env), index) for index, env in pairs]
+        slot, mapped, carried = found[0]
+        return [BoundaryFault(wording.live_slot_map(found, self.agents), slot, 0, 0, ("slot",), stream=carried,
+                              agents=self.agents)]
 
     def _index_faults(self, pairs):
         """Faults for envs whose first token is another env's: duplicates named one by one, the rest in one line."""

@@ -31,19 +31,68 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without Pet
 from . import _schema as S
 from . import core
 from . import storage
+from . import wording
 from .errors import LedgerError
+from .live import settings_message
 from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
 from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
 from .trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
 
-__all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies"]
+__all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
 
 
 def agent_streams(index, possible_agents):
     """{agent: stream id} of env copy ``index``: SuperSuit's vector slot of each agent."""
     n = len(possible_agents)
     return {agent: index * n + k for k, agent in enumerate(possible_agents)}
+
+
+def slot_map(possible_agents, slots):
+    """The env stream each vector slot carries, for a vectoriser that orders (env copy, agent) pairs its own way.
+
+    ``slots`` lists, slot by slot, the (env copy, agent) pair the slot
+    carries; the result (stream ``copy * len(possible_agents) + k`` for agent
+    ``k``) goes to the trainer side as ``streams=`` (``LedgerVecEnv``,
+    ``LedgerSuperSuitVecEnv``, ``TrainerLedger``). SuperSuit's own order,
+    slot i = (i // n_agents, possible_agents[i % n_agents]), is the default
+    and needs no map. A list that is not a permutation of the slots (an
+    agent twice, one missing, an unknown agent) is refused with a one-line
+    ValueError.
+    """
+    agents = list(possible_agents)
+    n = len(agents)
+
+    def refuse(text):
+        raise ValueError(wording.not_a_slot_map("slot_map", slots, text))
+
+    if not n:
+        refuse("possible_agents is empty")
+    try:
+        pairs = [tuple(p) for p in slots]
+    except TypeError:
+        refuse("give one (env copy, agent) pair per slot")
+    streams, where = [], {}
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2:
+            refuse("slot %d is %r, not an (env copy, agent) pair" % (i, pair))
+        copy, agent = pair
+        if isinstance(copy, bool) or not isinstance(copy, (int, np.integer)) or copy < 0:
+            refuse("slot %d's env copy %r is not a non-negative integer" % (i, copy))
+        if agent not in agents:
+            refuse("slot %d's agent %r is not in possible_agents %r" % (i, agent, agents))
+        stream = int(copy) * n + agents.index(agent)
+        if stream in where:
+            refuse("slots %d and %d both carry %s" % (where[stream], i, wording.stream_name(stream, agents)))
+        where[stream] = i
+        streams.append(stream)
+    if len(pairs) % n:
+        refuse("%d slots are not a whole number of env copies of %d agents" % (len(pairs), n))
+    missing = [s for s in range(len(pairs)) if s not in where]
+    if missing:
+        refuse("no slot carries %s (%d slots are env copies 0 .. %d of %d agents each)"
+               % (wording.stream_name(missing[0], agents), len(pairs), len(pairs) // n - 1, n))
+    return streams
 
 
 def _one_space(env, kind, agents):
@@ -83,9 +132,16 @@ class LedgerParallelEnv(BaseParallelWrapper):
             copy number); or None, and ``set_index(i)`` before the first reset.
         reward_dtype, keep_values, flush_interval: as for ``LedgerEnv``; the
             same on both sides.
+        live: attach each agent's live token to that agent's info, for a
+            trainer-side ledger with ``live=True``: a step's under
+            ``"stepledger"``, a reset's under ``"stepledger_reset"`` (SuperSuit
+            merges the reset's info into the ending step's at an autoreset, so
+            the two need keys of their own); each agent's first token comes
+            with the settings and ``possible_agents``.
     """
 
-    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, flush_interval=None,
+                 live=False):
         super().__init__(env)
         agents = list(getattr(env, "possible_agents", None) or [])
         if not agents:
@@ -107,6 +163,9 @@ class LedgerParallelEnv(BaseParallelWrapper):
         self._recording = None
         self._recorders = None  # {agent: core.EventRecorder}
         self._in_play = set()   # agents whose episode is under way (reset and not ended)
+        self.live = bool(live)
+        self._streams = None    # {agent: stream id}, once indexed
+        self._unsent = set()    # with live: agents whose first token (it carries the settings) is still to go
         self.index = None
         if index is not None:
             self.set_index(index)
@@ -137,6 +196,10 @@ class LedgerParallelEnv(BaseParallelWrapper):
             agent: core.EventRecorder(rec.buffers[k], self._obs_layout, self._act_layout, is_f32,
                                       rec.values[k].append if self._keep_values else None)
             for k, agent in enumerate(self._agents)}
+        self._streams = streams
+        if self.live:
+            self._settings = settings_message(self._dtype.name, self._obs_layout, self._act_layout, self._agents)
+            self._unsent = set(self._agents)
         self.index = index
 
     @property
@@ -160,8 +223,11 @@ class LedgerParallelEnv(BaseParallelWrapper):
             self._recording.interrupted = True
             raise
         self._in_play = set()
-        if self._enter(recorders, obs, ()):
+        entered = []
+        if self._enter(recorders, obs, (), entered):
             attend()
+        if self.live:
+            infos = self._with_tokens(infos, (), entered)
         return obs, infos
 
     def step(self, actions):
@@ -184,13 +250,30 @@ class LedgerParallelEnv(BaseParallelWrapper):
             over |= recorders[agent].step_taken(obs.get(agent), rewards.get(agent, 0.0), te, tr)
             if te or tr:
                 self._in_play.discard(agent)
-        over |= self._enter(recorders, obs, acting)  # an agent that joined: its first observation
+        entered = [] if self.live else None
+        over |= self._enter(recorders, obs, acting, entered)  # an agent that joined: its first observation
         if over:
             attend()
+        if self.live:
+            infos = self._with_tokens(infos, acting, entered)
         return obs, rewards, terminations, truncations, infos
 
-    def _enter(self, recorders, obs, acting):
-        """Record a reset for each agent in ``obs`` that is not in play (nor among ``acting``)."""
+    def _with_tokens(self, infos, stepped, entered):
+        """A copy of ``infos`` with each agent's token: a step's under TOKEN_KEY, a reset's (the agent's first
+        observation) under RESET_TOKEN_KEY; the env's own dicts are left as they were (it may reuse them)."""
+        infos = dict(infos or {})
+        for key, agents in ((S.TOKEN_KEY, stepped), (S.RESET_TOKEN_KEY, entered)):
+            for agent in agents:
+                info = infos[agent] = dict(infos.get(agent) or {})
+                info[key] = self._recorders[agent].token(self._streams[agent])
+                if agent in self._unsent:
+                    self._unsent.discard(agent)
+                    info[S.SETTINGS_KEY] = self._settings
+        return infos
+
+    def _enter(self, recorders, obs, acting, entered=None):
+        """Record a reset for each agent in ``obs`` that is not in play (nor among ``acting``); each is added
+        to ``entered`` if given."""
         over = False
         for agent, value in obs.items():
             if agent in self._in_play or agent in acting:
@@ -202,6 +285,8 @@ class LedgerParallelEnv(BaseParallelWrapper):
                 continue
             over |= rec.reset(value)
             self._in_play.add(agent)
+            if entered is not None:
+                entered.append(agent)
         return over
 
     # ------------------------------------------------------------------ writing
@@ -327,9 +412,17 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
         venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(par_env, "ledger")),
                                      2, num_cpus=0, base_class="gymnasium")
         venv = LedgerSuperSuitVecEnv(venv, "ledger/trainer.npz")
+
+    With ``live=True`` (and ``LedgerParallelEnv(live=True)``), each slot's
+    tokens are checked as they arrive: a step's under ``"stepledger"``, a
+    reset's under ``"stepledger_reset"`` of the same info (SuperSuit merges the
+    two at an autoreset), as ``LedgerVecEnv`` does under SuperSuit's SB3
+    form; ``on_fault``, ``keep_tokens`` and ``streams`` (the slots' (env copy,
+    agent) map, ``slot_map``) as there.
     """
 
-    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None, live=False,
+                 on_fault="raise", keep_tokens=False, streams=None):
         self.venv = venv
         try:
             index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
@@ -337,8 +430,10 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
             pass  # not one of SuperSuit's vector envs: nothing to give
         self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
                                     autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values,
-                                    flush_interval=flush_interval, owner="LedgerSuperSuitVecEnv")
+                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
+                                    flush_interval=flush_interval, streams=streams, owner="LedgerSuperSuitVecEnv")
         self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
+        self.live = bool(live)
 
     def __getattr__(self, name):
         if name.startswith("_") or name in ("venv", "ledger"):
@@ -355,17 +450,30 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
         except BaseException:
             self.ledger.interrupted()
             raise
-        self.ledger.reset(obs)
+        led = self.ledger
+        led.reset(obs)
+        if self.live:
+            led.check_settings(led.tokens(infos, S.SETTINGS_KEY))
+            led.check_tokens(led.tokens(infos, S.RESET_TOKEN_KEY))
         return obs, infos
 
+    @property
+    def live_faults(self):
+        """The boundary faults the live check has found so far (BoundaryFault objects)."""
+        return self.ledger.live_faults
+
     def step(self, actions):
-        self.ledger.actions(actions)
+        led = self.ledger
+        led.actions(actions)
         try:
             obs, rewards, terminations, truncations, infos = self.venv.step(actions)
         except BaseException:
-            self.ledger.interrupted()
+            led.interrupted()
             raise
-        self.ledger.step(obs, rewards, terminations, truncations,
-                         lambda i: infos[i].get(_TERMINAL_OBS) if isinstance(infos[i], dict) else None)
+        led.step(obs, rewards, terminations, truncations,
+                 lambda i: infos[i].get(_TERMINAL_OBS) if isinstance(infos[i], dict) else None)
+        if self.live:
+            steps = led.tokens(infos)
+            led.check_tokens(steps, steps, led.tokens(infos, S.RESET_TOKEN_KEY) if led.ended else None)
         return obs, rewards, terminations, truncations, infos
 

@@ -12,7 +12,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
     raise ImportError("stepledger.sb3 needs stable-baselines3: pip install \"plugrl-stepledger[sb3]\" "
                       "(or pip install stable-baselines3)") from exc
 
-from ._schema import LINK_ATTR, SETTINGS_KEY
+from ._schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
 from .live import BoundaryFault
 from .stack import warn_inner_wrappers
 from .trainer import DONE_FLAGS, TrainerLedger, WritesTrainerLedger
@@ -46,19 +46,24 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
     :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
         that changes values on purpose sits between this ledger and the VecEnv (or around LedgerEnv in a
         DummyVecEnv's envs); False if you mean it.
+    :param streams: the env stream each env of the VecEnv carries (default env i: stream i); for SuperSuit's
+        vector envs of a PettingZoo env, the (env copy, agent) map ``stepledger.pettingzoo.slot_map`` gives.
     """
 
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
-                 keep_tokens=False, check_wrappers=True, flush_interval=None):
+                 keep_tokens=False, check_wrappers=True, flush_interval=None, streams=None):
         super().__init__(venv)
         warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
         self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
                                     autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values,
                                     live=live, on_fault=on_fault, keep_tokens=keep_tokens,
-                                    flush_interval=flush_interval, owner="LedgerVecEnv")
+                                    flush_interval=flush_interval, streams=streams, owner="LedgerVecEnv")
         self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
         self._link_envs()
         self.live = bool(live)
+        # stepledger.pettingzoo's reset tokens (their own key): SuperSuit merges an autoreset's info into the
+        # ending step's, and never refreshes reset_infos then, so they are read from the step's infos
+        self._reset_key = None
 
     @property
     def ledger_path(self):
@@ -86,8 +91,10 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         self.ledger.set_on_fault(on_fault)
 
     def _inner_reset_infos(self):
-        # the innermost VecEnv fills reset_infos; wrappers in between keep lists of their own
-        return getattr(self.venv, "unwrapped", self.venv).reset_infos
+        # the innermost VecEnv fills reset_infos; wrappers in between keep lists of their own (SuperSuit's
+        # SB3 wrapper fills its own: what it wraps is no SB3 VecEnv)
+        infos = getattr(getattr(self.venv, "unwrapped", self.venv), "reset_infos", None)
+        return self.venv.reset_infos if infos is None else infos
 
     @property
     def reset_infos(self):
@@ -108,8 +115,11 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         led.reset(obs)
         if self.live:
             # each env's first event is this reset: its settings come with it
-            led.check_settings(led.tokens(self._inner_reset_infos(), SETTINGS_KEY))
-            led.check_tokens(led.tokens(self._inner_reset_infos()))
+            infos = self._inner_reset_infos()
+            led.check_settings(led.tokens(infos, SETTINGS_KEY))
+            tokens = led.tokens(infos, RESET_TOKEN_KEY)
+            self._reset_key = RESET_TOKEN_KEY if any(tokens) else None
+            led.check_tokens(tokens if self._reset_key else led.tokens(infos))
         return obs
 
     def step_async(self, actions):
@@ -128,7 +138,10 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         led.step_dones(obs, rewards, dones, infos, _TERMINAL_OBS, _TIME_LIMIT)
         if self.live:
             steps = led.tokens(infos)
-            led.check_tokens(steps, steps, led.tokens(self._inner_reset_infos()) if led.ended else None)
+            resets = None
+            if led.ended:
+                resets = led.tokens(infos, self._reset_key) if self._reset_key else led.tokens(self._inner_reset_infos())
+            led.check_tokens(steps, steps, resets)
         return obs, rewards, dones, infos
 
 

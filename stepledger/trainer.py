@@ -45,6 +45,20 @@ def autoreset_mode_name(mode):
     return {"nextstep": NEXT_STEP, "samestep": SAME_STEP, "disabled": DISABLED}.get(key)
 
 
+def _check_streams(streams, n, owner):
+    """None (env i carries stream i), or the list of n stream ids: a permutation of 0 .. n-1."""
+    if streams is None:
+        return None
+    try:
+        ids = [int(s) for s in streams]
+    except (TypeError, ValueError):
+        raise ValueError("%s: streams must be a sequence of %d stream ids, got %r" % (owner, n, streams)) from None
+    if sorted(ids) != list(range(n)):
+        raise ValueError("%s: streams=%r is not a permutation of 0 .. %d (one stream id for each of the %d envs, "
+                         "each once)" % (owner, streams, n - 1, n))
+    return None if ids == list(range(n)) else ids
+
+
 def _check_mode(autoreset_mode, owner):
     if autoreset_mode is None or autoreset_mode == DONE_FLAGS:
         return autoreset_mode
@@ -116,16 +130,21 @@ class TrainerLedger:
             them by default).
         flush_interval: seconds between periodic spills (default 5, or
             ``$STEPLEDGER_FLUSH_INTERVAL``).
+        streams: the env stream each of the num_envs envs carries, a
+            permutation of 0 .. num_envs-1 (default: env i carries stream i);
+            a multi-agent vector env's (env copy, agent) map
+            (``stepledger.pettingzoo.slot_map``).
         owner: the name used in messages (an adapter passes its own).
     """
 
     def __init__(self, path, num_envs, observation_space, action_space, *, autoreset_mode=None,
                  reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise", keep_tokens=False,
-                 flush_interval=None, owner="TrainerLedger"):
+                 flush_interval=None, streams=None, owner="TrainerLedger"):
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError("%s: num_envs must be a positive integer, got %r" % (owner, num_envs))
         self.owner = owner
         self.num_envs = n = int(num_envs)
+        self.streams = streams = _check_streams(streams, n, owner)
         self.autoreset_mode = _check_mode(autoreset_mode, owner)
         if path is not None or not live:
             path = check_path(path, owner, "path")
@@ -141,12 +160,12 @@ class TrainerLedger:
             buffers = [core.StreamBuffer(16) for _ in range(n)]
         else:
             meta = {} if self.autoreset_mode is None else {S.META_AUTORESET: self.autoreset_mode}
-            self.recording = Recording(path, "trainer", range(n), obs_layout, act_layout, dtype, keep_values,
-                                       meta, interval, owner)
+            self.recording = Recording(path, "trainer", range(n) if streams is None else streams, obs_layout,
+                                       act_layout, dtype, keep_values, meta, interval, owner)
             buffers = self.recording.buffers
-        self._rec = rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32)
+        self._rec = rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32, streams)
         self._live = LiveCheck(rec, dtype.name, check_on_fault(on_fault, owner), owner,
-                               settings_of(dtype.name, obs_layout, act_layout)) if live else None
+                               settings_of(dtype.name, obs_layout, act_layout), streams) if live else None
         self.live = bool(live)
         self.keep_values = bool(keep_values)
         self._pop_tokens = not keep_tokens

@@ -84,10 +84,48 @@ def overwritten_ledger(path, index):
             "replaces it: two envs were given index=%d? %s" % (index, path, index, INDEX_QUESTION))
 
 
-def mixed_up_live(env, index, episode, step):
+def mixed_up_live(env, index, episode, step, agents=None):
     """Tokens of another env in the middle of a run: the envs' results were mixed up on the way."""
-    return ("env %d: received the live token of env %d (episode %d, step %d): envs are mixed up on the way"
-            % (env, index, episode, step))
+    return ("%s: received the live token of %s (episode %d, step %d): envs are mixed up on the way"
+            % (stream_name(env, agents), stream_name(index, agents), episode, step))
+
+
+# ---------------------------------------------------------------- multi-agent: the (env copy, agent) of each slot
+
+SLOT_MAP_QUESTION = ("does the vector env order its slots as SuperSuit does (slot i: env copy i // n_agents, agent "
+                     "possible_agents[i % n_agents])? If not, give the trainer side its map: "
+                     "streams=stepledger.pettingzoo.slot_map(possible_agents, slots)")
+
+
+def slot_name(slot, stream, agents):
+    """A trainer's vector slot and the (env copy, agent) it is taken to carry: ``slot 4 (env 1, agent agent_1)``."""
+    return "slot %d (%s)" % (slot, stream_name(stream, agents))
+
+
+def live_slot_map(pairs, agents):
+    """Live: the first tokens of some slots carry other (env copy, agent) pairs than the map says.
+
+    ``pairs`` lists (slot, stream the map gives it, stream its tokens name).
+    """
+    parts = ["slot %d carries %s, not %s" % (slot, stream_name(carried, agents), stream_name(mapped, agents))
+             for slot, mapped, carried in pairs]
+    return ("the vector env's slots carry other (env copy, agent) pairs than the trainer side's map says: %s; %s"
+            % ("; ".join(parts), SLOT_MAP_QUESTION))
+
+
+def slot_map_hint(pairs, agents):
+    """Offline: trainer streams whose events match the env streams of other (env copy, agent) pairs.
+
+    ``pairs`` lists (trainer stream, env stream its first events match).
+    """
+    parts = ["the trainer's %s (stream %d) has the events of %s" % (stream_name(t, agents), t, stream_name(e, agents))
+             for t, e in pairs]
+    return "hint: %s: %s" % ("; ".join(parts), SLOT_MAP_QUESTION)
+
+
+def not_a_slot_map(owner, slots, text):
+    """A (env copy, agent) map that is not a permutation of the vector env's slots."""
+    return "%s: slots=%r is not a map of the vector env's slots: %s" % (owner, slots, text)
 
 
 # ---------------------------------------------------------------- wrappers inside the trainer-side ledger
@@ -581,19 +619,19 @@ def stray_steps(n):
 
 # ---------------------------------------------------------------- the live check
 
-def damaged_token(env, token):
-    return "env %d: the live token is damaged (%r)" % (env, token)
+def damaged_token(env, token, agents=None):
+    return "%s: the live token is damaged (%r)" % (stream_name(env, agents), token)
 
 
-def out_of_order(env, episode, step, counter, expected):
+def out_of_order(env, episode, step, counter, expected, agents=None):
     return ("%s: events out of order: the env sent its event %d where the trainer expected event %d"
-            % (place(env, episode, step), counter, expected))
+            % (place(env, episode, step, agents), counter, expected))
 
 
-def event_not_given(env, episode, step, kind):
+def event_not_given(env, episode, step, kind, agents=None):
     """Tokens were arriving, and this event has none: the env never produced it."""
     return ("%s: the trainer received a %s the env did not give (no live token: a step skipped and filled in on "
-            "the way?)" % (place(env, episode, step), S.KIND_NAMES.get(kind, "event")))
+            "the way?)" % (place(env, episode, step, agents), S.KIND_NAMES.get(kind, "event")))
 
 
 def no_live_token(owner, env):
