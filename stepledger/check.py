@@ -405,9 +405,9 @@ def check_parallel(env_fn, form="gymnasium", copies=2, num_cpus=0, steps=100, fa
     from .faults import MULTIAGENT_FAULTS
     if form not in SUPERSUIT_FORMS:
         raise ValueError("check_parallel: form must be one of %s, got %r" % (SUPERSUIT_FORMS, form))
-    for name, value in (("copies", copies), ("steps", steps), ("num_cpus", num_cpus + 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError("check_parallel: %s must be a positive int, got %r" % (name, value))
+    for name, value, least in (("copies", copies, 1), ("steps", steps, 1), ("num_cpus", num_cpus, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError("check_parallel: %s must be an int of at least %d, got %r" % (name, least, value))
     blind = SB3_FORM_BLIND if form == "sb3" else ()
     if faults is None:
         faults = [f for f in MULTIAGENT_FAULTS if f not in blind]
@@ -443,6 +443,42 @@ def check_parallel(env_fn, form="gymnasium", copies=2, num_cpus=0, steps=100, fa
         return no_opportunity(fault, term, trunc, at, name, lambda: limit)
 
     return run_check(one, faults, opportunity, directory, keep, steps, progress, agents, "stepledger-check-parallel-")
+
+
+class _ParallelEnvFactory:
+    """A picklable factory for ``MODULE.parallel_env(**kwargs)`` (for SuperSuit's worker processes)."""
+
+    def __init__(self, module, kwargs):
+        self.module, self.kwargs = module, kwargs
+
+    def __call__(self):
+        import importlib
+        return importlib.import_module(self.module).parallel_env(**self.kwargs)
+
+
+def parallel_env_factory(module, max_cycles=None):
+    """A picklable factory for the PettingZoo env module ``module`` (``mpe2.simple_spread_v3``): its
+    ``parallel_env(max_cycles=max_cycles)``, or ``parallel_env()`` where it takes no ``max_cycles``;
+    refuses (ValueError, one line) a module that cannot make a parallel env."""
+    import importlib
+    try:
+        if getattr(importlib.import_module(module), "parallel_env", None) is None:
+            raise ValueError("it has no parallel_env()")
+        factory = _ParallelEnvFactory(module, {} if max_cycles is None else {"max_cycles": max_cycles})
+        try:
+            env = factory()
+        except TypeError as exc:
+            if "max_cycles" not in str(exc):
+                raise
+            factory = _ParallelEnvFactory(module, {})
+            env = factory()
+        if not getattr(env, "possible_agents", None):
+            raise ValueError("its parallel_env() has no possible_agents")
+        env.close()
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError("cannot make parallel env %r: %s" % (module, text)) from None
+    return factory
 
 
 class _RegisteredEnv:

@@ -232,11 +232,27 @@ def _check(args):
     allowed = ENV_SIDE_FAULTS
     if args.trainer == "rllib" and args.place == "connector":
         from .rllib import CONNECTOR_FAULTS as allowed
+    if args.trainer == "supersuit":
+        from .faults import MULTIAGENT_FAULTS as allowed
     faults = allowed if not args.faults else [check_fault(f, allowed, "--faults") for f in args.faults.split(",")]
-    env_fn = registered_env(args.env_id, args.max_episode_steps)
+    if args.trainer == "supersuit":
+        try:
+            import supersuit  # noqa: F401
+
+            from .check import check_parallel, parallel_env_factory
+        except ImportError as exc:
+            raise LedgerError("--trainer supersuit needs PettingZoo and SuperSuit: pip install "
+                              "'plugrl-stepledger[pettingzoo]' supersuit (%s)" % exc) from None
+        env_fn = parallel_env_factory(args.env_id, args.max_episode_steps)
+    else:
+        env_fn = registered_env(args.env_id, args.max_episode_steps)
     progress = _progress("check, runs")
     try:
-        if args.trainer == "rllib":
+        if args.trainer == "supersuit":
+            report = check_parallel(env_fn, form=args.form, copies=args.num_envs, num_cpus=args.num_cpus,
+                                    steps=args.steps, faults=faults if args.faults else None, agent=args.agent,
+                                    directory=args.dir, keep=args.keep, progress=progress)
+        elif args.trainer == "rllib":
             try:
                 from .rllib import check_rllib
                 import ray.rllib  # noqa: F401
@@ -269,6 +285,17 @@ def _add_demo(sub):
     d.add_argument("--keep", action="store_true", help="keep the temporary directory and print where it is")
 
 
+_SUPERSUIT_OPTIONS = [  # stepledger check --trainer supersuit
+    ("--form", dict(choices=("gymnasium", "sb3"), default="gymnasium",
+                    help="with --trainer supersuit: concat_vec_envs_v1's base_class, gymnasium "
+                         "(LedgerSuperSuitVecEnv) or stable_baselines3 (stepledger.sb3.LedgerVecEnv)")),
+    ("--num-cpus", dict(type=int, default=0,
+                        help="with --trainer supersuit: SuperSuit's num_cpus (worker processes; 0: in-process)")),
+    ("--agent", dict(help="with --trainer supersuit: the agent each fault is injected on (default: the last of "
+                          "possible_agents)")),
+]
+
+
 def _add_check(sub):
     c = _command(sub, "check", _check, "prove that the ledgers catch every boundary fault on a registered env",
                  description="""Run a short random rollout of ENV_ID through the chosen vector env with both ledgers,
@@ -276,19 +303,24 @@ def _add_check(sub):
                               was caught and located.""",
                  examples=["stepledger check Pendulum-v1 --vector async --autoreset same",
                            "stepledger check CartPole-v1 --vector subproc",
-                           "stepledger check CartPole-v1 --trainer rllib --num-envs 2"],
+                           "stepledger check CartPole-v1 --trainer rllib --num-envs 2",
+                           "stepledger check mpe2.simple_spread_v3 --trainer supersuit --num-cpus 2"],
                  footer="exit codes: 0 every exercised fault caught and located, 1 not (or the rollout is too "
                         "short for some fault), 2 cannot run\n"
                         "the faults: stepledger docs faults")
-    c.add_argument("env_id", help="a registered Gymnasium env id")
+    c.add_argument("env_id", help="a registered Gymnasium env id (with --trainer supersuit: a PettingZoo env module, "
+                                  "such as mpe2.simple_spread_v3, whose parallel_env() makes the env)")
     c.add_argument("--vector", choices=("sync", "async", "subproc", "dummy"), default="sync",
                    help="the vector env: Gymnasium's sync or async, SB3's subproc or dummy (needs the [sb3] extra)")
     c.add_argument("--autoreset", choices=("next", "same"), default="next",
                    help="autoreset mode of Gymnasium's vector envs")
-    c.add_argument("--trainer", choices=("vector", "rllib"), default="vector",
+    c.add_argument("--trainer", choices=("vector", "rllib", "supersuit"), default="vector",
                    help="vector: the vector env chosen by --vector, stepped with random actions; rllib: short "
                         "Ray RLlib PPO runs on --runners env runners of --num-envs envs each (needs the [rllib] "
-                        "extra)")
+                        "extra); supersuit: a PettingZoo parallel env through SuperSuit's vector env of --form, "
+                        "--num-envs copies, random actions, each fault on one agent (needs the [pettingzoo] extra)")
+    for flag, options in _SUPERSUIT_OPTIONS:
+        c.add_argument(flag, **options)
     c.add_argument("--runners", type=_positive_int, default=2, help="with --trainer rllib: remote env runners")
     c.add_argument("--iterations", type=_positive_int, default=1, help="with --trainer rllib: training iterations "
                                                                        "per run")
@@ -296,11 +328,14 @@ def _add_check(sub):
                    help="with --trainer rllib: inject each fault by a gym wrapper outside LedgerEnv, or by an "
                         "env-to-module connector")
     c.add_argument("--num-envs", type=_positive_int, default=4, help="envs in the vector env (per env runner with "
-                                                                     "--trainer rllib)")
+                                                                     "--trainer rllib; env copies with --trainer "
+                                                                     "supersuit)")
     c.add_argument("--steps", type=_positive_int, default=200, help="vector steps per run")
     c.add_argument("--max-episode-steps", type=_positive_int, default=20,
-                   help="time limit, so that episode-end faults have opportunities")
-    c.add_argument("--faults", help="comma-separated faults (default: every env-side fault)")
+                   help="time limit, so that episode-end faults have opportunities (with --trainer supersuit: the "
+                        "env's max_cycles, where its parallel_env() takes one)")
+    c.add_argument("--faults", help="comma-separated faults (default: every env-side fault; with --trainer "
+                                    "supersuit, every multi-agent fault the form can show)")
     c.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed when the "
                                  "check passes)")
     c.add_argument("--keep", action="store_true", help="keep the temporary directory even when the check passes")

@@ -196,3 +196,213 @@ def test_engine_agent_faults_replace_the_whole_event():
                             "stream": 1, "fields": ["obs"]}
     assert set(AGENT_FAULTS) <= set(MULTIAGENT_FAULTS)
     assert not {"step:fill", "truncated:drop", "terminated:drop"} & set(MULTIAGENT_FAULTS)
+
+
+# ---------------------------------------------------------------- stepledger check on a parallel env
+
+def _check(capsys, *args):
+    from stepledger.cli import main
+    code = main(["check", "mpe2.simple_spread_v3", "--trainer", "supersuit", "--num-envs", "2"] + list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_a_parallel_env_catches_and_locates_each_fault(capsys):
+    code, out, _ = _check(capsys, "--steps", "10", "--max-episode-steps", "10", "--agent", "agent_1",
+                          "--faults", "reward:drop,final-obs:reset,agent:swap")
+    assert code == 0, out
+    assert "final-obs:reset        caught and located  (injected at env 1, agent agent_1, episode 0, step 10)" in out
+    assert out.rstrip().endswith("3 of 3 exercised faults caught and located; the boundary is checked")
+
+
+def test_check_a_parallel_env_says_how_many_steps_it_needs(capsys):
+    code, out, _ = _check(capsys, "--steps", "8", "--max-episode-steps", "10", "--faults", "obs:zero,final-obs:zero")
+    assert code == 1
+    assert ("final-obs:zero         not exercised (the rollout is too short: no episode of env 1, agent agent_2 "
+            "ended in its 8 steps, and its time limit is 10)") in out
+    assert "it needs at least 10 (--steps 10)" in out
+    code, out, _ = _check(capsys, "--steps", "10", "--max-episode-steps", "10", "--faults", "obs:zero,final-obs:zero")
+    assert code == 0, out  # as many as it said
+
+
+def test_check_a_parallel_env_under_sb3_form_lists_what_it_cannot_show(capsys):
+    """On simple_spread (episodes end by time limit) the SB3 form's clean run differs: SuperSuit's finding."""
+    code, out, _ = _check(capsys, "--steps", "6", "--max-episode-steps", "5", "--form", "sb3", "--faults",
+                          "obs:zero,terminated:as-trunc")
+    assert code == 1
+    assert out.startswith("clean run: DIFFERS\n") and "hint: truncation arrived as termination" in out
+    assert "terminated:as-trunc    not exercised (SuperSuit's SB3 wrapper tells the trainer every end as a " in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["mpe2.no_such_env_v0"], "cannot make parallel env 'mpe2.no_such_env_v0': No module named 'mpe2.no_such_env_v0'"),
+    (["gymnasium"], "cannot make parallel env 'gymnasium': it has no parallel_env()"),
+    (["mpe2.simple_spread_v3", "--agent", "agent_7"], "agent 'agent_7' is not one of possible_agents"),
+    (["mpe2.simple_spread_v3", "--faults", "step:fill"], "--faults: unknown or unsupported fault 'step:fill'"),
+    (["mpe2.simple_spread_v3", "--num-cpus", "-1"], "num_cpus must be an int of at least 0, got -1"),
+])
+def test_check_a_parallel_env_refuses_bad_input_in_one_line(capsys, args, message):
+    from stepledger.cli import main
+    code = main(["check"] + args[:1] + ["--trainer", "supersuit"] + args[1:])
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- env ledgers in SuperSuit's worker processes
+
+def test_index_reaches_each_worker_with_uneven_copies(tmp_path):
+    """3 copies on 2 workers (2 and 1): each worker numbers its copies from the first vector slot it was given."""
+    from stepledger import compare
+    from stepledger.pettingzoo import index_supersuit_copies
+    from stepledger.sb3 import LedgerVecEnv
+    d = str(tmp_path)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(spread(5, terminating=True), d)),
+                                 3, num_cpus=2, base_class="stable_baselines3")
+    assert index_supersuit_copies(venv) == 2  # worker processes
+    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+    venv.reset()
+    for _ in range(7):
+        venv.step(np.zeros(9, dtype=np.int64))
+    venv.close()
+    for c in range(3):
+        with read(os.path.join(d, "env-%d.npz" % c)) as led:
+            assert sorted(led.streams) == [3 * c, 3 * c + 1, 3 * c + 2]
+    assert compare(d, os.path.join(d, "trainer.npz")).ok
+
+
+def test_a_worker_copy_without_its_index_is_refused_at_reset(tmp_path):
+    """SuperSuit's SB3 form gives no copy its index: without index_supersuit_copies the first reset fails in the
+    workers, and the error reaches the trainer's process."""
+    from stepledger import LedgerError
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(spread(), str(tmp_path))), 2,
+                                 num_cpus=2, base_class="stable_baselines3")
+    try:
+        with pytest.raises(LedgerError, match="no index: give index= or call set_index"):
+            venv.reset()
+    finally:
+        venv.close()
+
+
+def test_indexing_workers_without_ledgers(tmp_path):
+    from stepledger import LedgerError
+    from stepledger.pettingzoo import LedgerSuperSuitVecEnv, index_supersuit_copies
+
+    def bare():
+        return ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(spread()), 2, num_cpus=2, base_class="gymnasium")
+    venv = bare()
+    try:
+        with pytest.raises(LedgerError, match="holds no LedgerParallelEnv"):
+            index_supersuit_copies(venv)
+    finally:
+        venv.close()
+    venv = LedgerSuperSuitVecEnv(bare(), str(tmp_path / "trainer.npz"))  # nothing to index: it goes on
+    venv.reset(seed=0)
+    venv.step(np.zeros(6, dtype=np.int64))
+    venv.close()
+    with pytest.raises(LedgerError, match="is not one of SuperSuit's vector envs"):
+        index_supersuit_copies(object())
+
+
+SCRIPT = r"""
+import multiprocessing.util, os, sys, time
+import numpy as np, supersuit as ss
+from mpe2 import simple_spread_v3
+from pettingzoo.utils import BaseParallelWrapper
+from stepledger.pettingzoo import LedgerParallelEnv, LedgerSuperSuitVecEnv
+
+class SlowExit(BaseParallelWrapper):  # its worker's exit takes 5 s before the ledgers are written
+    def reset(self, seed=None, options=None):
+        multiprocessing.util.Finalize(None, time.sleep, args=(5,), exitpriority=200)
+        return self.env.reset(seed=seed, options=options)
+
+d, ending = sys.argv[1], sys.argv[2]
+env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=4), d, flush_interval=0.2)
+env = SlowExit(env) if ending == "slow-exit" else env
+venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=2, base_class="gymnasium")
+venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"), flush_interval=0.2)
+venv.reset(seed=0)
+for t in range(20):
+    venv.step(np.zeros(6, dtype=np.int64))
+    time.sleep(0.03)
+print("ready", *[p.pid for p in venv.venv.procs], flush=True)
+if ending == "slow-exit":
+    venv.venv.graceful_shutdown_timeout = 1  # SuperSuit's default is 10 s
+    venv.close()
+    print("closed", flush=True)
+"""
+
+
+def _script(tmp_path, ending):
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), ending], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def _gone(pids, timeout):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(os.path.exists("/proc/%d" % p) and open("/proc/%d/stat" % p).read().split()[2] != "Z"
+                   for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_script_that_ends_without_close_hangs_and_its_ledgers_survive(tmp_path):
+    """With num_cpus > 1, a script that ends without venv.close() never exits: multiprocessing joins SuperSuit's
+    workers (not daemonic) at exit, and they wait on their pipes. The trainer ledger is written at exit before
+    that wait; the env ledgers when the workers end: a SIGTERM to the trainer's process closes its pipe ends,
+    and each worker leaves through its exit handler, writing its copies' ledgers."""
+    import signal
+    import subprocess
+    import time
+
+    from stepledger import compare
+    from ending_harness import reap
+    proc = _script(tmp_path, "no-close")
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready"), proc.stderr.read()[-3000:]
+        pids = [int(p) for p in line.split()[1:]]
+        time.sleep(3)
+        assert proc.poll() is None  # hangs at exit
+        assert (tmp_path / "trainer.npz").exists() and not (tmp_path / "env-0.npz").exists()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        assert _gone(pids, 20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the script did not end on SIGTERM")
+    finally:
+        reap(proc)
+    report = compare(str(tmp_path), str(tmp_path / "trainer.npz"))
+    assert report.ok, str(report)
+    assert len(report.envs) == 6
+
+
+def test_supersuit_close_kills_a_worker_still_writing(tmp_path):
+    """What no mechanism catches: SuperSuit's close() SIGKILLs every worker still alive graceful_shutdown_timeout
+    seconds (10 by default) after it sent ("close", None). A worker whose exit takes longer (here a 5 s exit
+    handler of the env's; in real runs a large final write or an upload at exit) loses what it had not spilled:
+    its copies' ledgers are read from their spill segments, and compare says how far they go."""
+    import subprocess
+
+    from stepledger import compare
+    from ending_harness import reap
+    proc = _script(tmp_path, "slow-exit")
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the script did not end")
+    finally:
+        reap(proc)
+    assert "closed" in out, err[-3000:]
+    assert not (tmp_path / "env-0.npz").exists() and not (tmp_path / "env-1.npz").exists()
+    assert (tmp_path / "env-0.npz.spill").is_dir()  # what the periodic spills wrote before the kill
+    report = compare(str(tmp_path), str(tmp_path / "trainer.npz"))
+    assert report.ok, str(report)  # what both sides have agrees: a run that ended badly, not a boundary fault
+    text = str(report)
+    assert "the env ledger was not closed (its process is gone)" in text, text
+    assert "env-0.npz, env-1.npz" in text and "not closed (its process is gone)" in text.splitlines()[-1], text
