@@ -45,3 +45,17 @@ def write_section(name, body):
         text = text.rstrip() + "\n\n" + block + "\n"
     with open(RESULTS, "w") as f:
         f.write(text)
+
+
+def take_turns(steppers, actions, block, times):
+    """Step each of ``steppers`` ({key: step function}) through ``actions`` in turns of ``block`` steps,
+    appending each turn's µs per step to ``times[key]``: a busy moment on a shared machine falls on the
+    turns next to each other alike, and each turn can be set against another's of the same round."""
+    import time
+    for start in range(0, len(actions), block):
+        chunk = actions[start:start + block]
+        for key, step in steppers.items():
+            t0 = time.perf_counter()
+            for a in chunk:
+                step(a)
+            times[key].append((time.perf_counter() - t0) / len(chunk) * 1e6)

@@ -37,6 +37,7 @@ from .live import settings_message
 from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
 from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
+from .stack import slot_infos
 from .trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
 
 __all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
@@ -453,8 +454,9 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
         led = self.ledger
         led.reset(obs)
         if self.live:
-            led.check_settings(led.tokens(infos, S.SETTINGS_KEY))
-            led.check_tokens(led.tokens(infos, S.RESET_TOKEN_KEY))
+            slots = slot_infos(self.venv, infos)
+            led.check_settings(led.tokens(slots, S.SETTINGS_KEY))
+            led.check_tokens(led.tokens(slots, S.RESET_TOKEN_KEY))
         return obs, infos
 
     @property

@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 
 from ._schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
 from .live import BoundaryFault
-from .stack import warn_inner_wrappers
+from .stack import slot_infos, warn_inner_wrappers
 from .trainer import DONE_FLAGS, TrainerLedger, WritesTrainerLedger
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
@@ -61,9 +61,6 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
         self._link_envs()
         self.live = bool(live)
-        # stepledger.pettingzoo's reset tokens (their own key): SuperSuit merges an autoreset's info into the
-        # ending step's, and never refreshes reset_infos then, so they are read from the step's infos
-        self._reset_key = None
 
     @property
     def ledger_path(self):
@@ -115,11 +112,10 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         led.reset(obs)
         if self.live:
             # each env's first event is this reset: its settings come with it
-            infos = self._inner_reset_infos()
+            infos = slot_infos(self.venv, self._inner_reset_infos())
             led.check_settings(led.tokens(infos, SETTINGS_KEY))
-            tokens = led.tokens(infos, RESET_TOKEN_KEY)
-            self._reset_key = RESET_TOKEN_KEY if any(tokens) else None
-            led.check_tokens(tokens if self._reset_key else led.tokens(infos))
+            tokens = led.tokens(infos, RESET_TOKEN_KEY)  # stepledger.pettingzoo's reset tokens have their own key
+            led.check_tokens(tokens if any(tokens) else led.tokens(infos))
         return obs
 
     def step_async(self, actions):
@@ -140,7 +136,11 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
             steps = led.tokens(infos)
             resets = None
             if led.ended:
-                resets = led.tokens(infos, self._reset_key) if self._reset_key else led.tokens(self._inner_reset_infos())
+                # stepledger.pettingzoo's: SuperSuit merges an autoreset's info into the ending step's (and
+                # never refreshes reset_infos then)
+                resets = led.tokens(infos, RESET_TOKEN_KEY)
+                if not any(resets):
+                    resets = led.tokens(self._inner_reset_infos())
             led.check_tokens(steps, steps, resets)
         return obs, rewards, dones, infos
 

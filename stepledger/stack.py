@@ -90,3 +90,28 @@ def warn_inner_wrappers(env, owner, check_wrappers=True):
     if outer:
         warnings.warn(wording.outer_env_wrapper_warning(owner, outer), UserWarning, stacklevel=3)
     return names + [n for n in outer if n not in names]
+
+
+def slot_infos(venv, infos):
+    """A reset's infos one dict a slot, as a step's are.
+
+    SuperSuit's vector env with worker processes (``concat_vec_envs_v1(...,
+    num_cpus > 1)``, a ProcConcatVec, also inside its SB3 wrapper) returns a
+    reset's infos as each worker's list of (slot within the worker, info)
+    pairs (its step lays them out); the live tokens in them are found only
+    once they are laid out. Any other infos are returned as they are.
+    """
+    if not isinstance(infos, list) or not infos or not isinstance(infos[0], list):
+        return infos
+    starts = None
+    for e in _chain(venv):
+        starts = getattr(e, "__dict__", {}).get("idx_starts")
+        if starts is not None:
+            break
+    if starts is None or len(starts) != len(infos) + 1:
+        return infos
+    out = [{} for _ in range(starts[-1])]
+    for first, pairs in zip(starts, infos):
+        for i, info in pairs:
+            out[first + i] = info
+    return out

@@ -76,3 +76,14 @@ def test_object_storage_quick(tmp_path):
     assert "| close() (5 ledgers written) |" in out and "| compare() |" in out
     assert "spills uploaded in the background" in out
     assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "temporary files left behind"
+
+
+def test_multiagent_overhead_quick(tmp_path):
+    pytest.importorskip("supersuit")
+    pytest.importorskip("mpe2")
+    out = run_quick("multiagent_overhead.py", tmp_path)
+    assert "## Multi-agent per-agent-step overhead" in out
+    for form in ("Gymnasium", "SB3"):
+        for config in ("none", "env", "trainer", "both", "both, live=True"):
+            assert "\n| %s | %s |" % (form, config) in out, out
+    assert "Inside the run" in out and "µs per agent step" in out

@@ -172,6 +172,32 @@ def test_a_fault_on_one_agent_raises_at_its_copy_agent_and_step(tmp_path, form, 
 
 
 @pytest.mark.parametrize("form", ["sb3", "gymnasium"])
+def test_worker_processes_a_fault_on_one_agent_and_nothing_else(tmp_path, form):
+    """num_cpus=2: the tokens cross SuperSuit's pipes, and its reset's infos (each worker's compressed list,
+    never laid out by slot) are laid out so that the first tokens and the settings are found; the one fault is
+    named at its copy and agent, and no other slot has one."""
+    d = str(tmp_path)
+    par_env = OneAgentFault(LedgerParallelEnv(TogetherEnv(), d, live=True), 1, "agent_2", 1, 4, "reward")
+    form_name = "stable_baselines3" if form == "sb3" else "gymnasium"
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(par_env), 4, num_cpus=2, base_class=form_name)
+    index_supersuit_copies(venv)
+    path = os.path.join(d, "trainer.npz")
+    cls = LedgerVecEnv if form == "sb3" else LedgerSuperSuitVecEnv
+    venv = cls(venv, path, live=True, on_fault="record")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no env's events arrive without tokens
+        drive(venv, 12)
+    try:
+        assert venv.ledger._live.agents == AGENTS
+        assert int(venv.ledger._rec.token_seen.sum()) == 12
+        assert [(f.env, f.copy, f.agent, f.episode, f.step, f.fields) for f in venv.live_faults] == [
+            (5, 1, "agent_2", 1, 4, ("reward",))], [str(f) for f in venv.live_faults]
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("form", ["sb3", "gymnasium"])
 def test_settings_that_differ_are_refused_at_the_first_token(tmp_path, form):
     d = str(tmp_path)
     make = sb3_form if form == "sb3" else gymnasium_form
@@ -287,3 +313,30 @@ def test_compare_names_the_copy_and_agent_a_trainer_stream_holds(tmp_path):
                                "agent_0; the trainer's env 0, agent agent_2 (stream 2) has the events of env 0, "
                                "agent agent_1; "), hints[0]
     assert "does the vector env order its slots as SuperSuit does" in hints[0]
+
+
+def test_butterfly_cooperative_pong_runs_clean_live_across_time_limits(tmp_path):
+    """A butterfly env (pygame-ce, in the [test] extra): cooperative_pong_v6's two paddles, 280x480x3 frames,
+    two copies through SuperSuit's Gymnasium form over several time limits: the live check finds nothing and
+    compare agrees."""
+    pytest.importorskip("pygame", reason="pettingzoo's butterfly envs need pygame-ce (pip install pygame-ce)")
+    import warnings
+    from pettingzoo.butterfly import cooperative_pong_v6
+    d = str(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pygame's and PettingZoo's own notices
+        env = LedgerParallelEnv(cooperative_pong_v6.parallel_env(max_cycles=12), d, live=True)
+        assert env.possible_agents == ["paddle_0", "paddle_1"]
+        venv = gymnasium_form(d, env)
+        ends = 0
+        venv.reset(seed=0)
+        rng = np.random.default_rng(0)
+        for _ in range(30):
+            _, _, terms, truncs, _ = venv.step(rng.integers(0, 3, venv.num_envs))
+            ends += int(terms.sum() + truncs.sum())
+        assert venv.live_faults == [] and venv.ledger._live.agents == ["paddle_0", "paddle_1"]
+        venv.close()
+    assert ends >= 8  # every slot went through at least two episode ends
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, report.lines()
+    assert len(report.envs) == 4
