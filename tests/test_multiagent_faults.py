@@ -174,8 +174,8 @@ def test_final_obs_reset_is_the_obs_the_agent_is_reset_with(tmp_path):
         assert led.streams[2].columns["kind"].tolist() == [0, 1, 1, 1, 0]
 
 
-def test_reward_drop_leaves_the_reward_out():
-    env = FaultyParallelEnv(LedgerParallelEnv(spread(), "unused", index=3), "reward:drop", agent="agent_0", at=1,
+def test_reward_drop_leaves_the_reward_out(tmp_path):
+    env = FaultyParallelEnv(LedgerParallelEnv(spread(), str(tmp_path), index=3), "reward:drop", agent="agent_0", at=1,
                             target=3)
     env.reset(seed=0)
     _, rewards, _, _, _ = env.step({a: 1 for a in env.agents})
