@@ -340,3 +340,43 @@ def test_butterfly_cooperative_pong_runs_clean_live_across_time_limits(tmp_path)
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok, report.lines()
     assert len(report.envs) == 4
+
+
+class SwapFrom:
+    """Around SuperSuit's Gymnasium form: from vector step ``at`` on, slots 1 and 2 trade everything they return
+    (results mixed up on the way, after the first tokens came right)."""
+
+    def __init__(self, venv, at):
+        self.venv, self.at, self.t = venv, at, 0
+        self.num_envs, self.observation_space, self.action_space = venv.num_envs, venv.observation_space, \
+            venv.action_space
+
+    def reset(self, seed=None, options=None):
+        return self.venv.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        out = self.venv.step(actions)
+        self.t += 1
+        if self.t < self.at:
+            return out
+        order = [0, 2, 1] + list(range(3, self.num_envs))
+        obs, rewards, terms, truncs, infos = out
+        return obs[order], rewards[order], terms[order], truncs[order], [infos[k] for k in order]
+
+    def close(self):
+        self.venv.close()
+
+
+def test_streams_mixed_up_mid_run_are_named_by_copy_and_agent(tmp_path):
+    d = str(tmp_path)
+    inner = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(TogetherEnv(), d, live=True)), 2,
+                                  num_cpus=0, base_class="gymnasium")
+    index_supersuit_copies(inner)
+    venv = LedgerSuperSuitVecEnv(SwapFrom(inner, 2), os.path.join(d, "trainer.npz"), live=True)
+    with pytest.raises(BoundaryFault) as caught:
+        drive(venv, 4)
+    fault = caught.value
+    assert str(fault) == ("env 0, agent agent_1: received the live token of env 0, agent agent_2 (episode 0, step 2): "
+                          "envs are mixed up on the way"), str(fault)
+    assert (fault.env, fault.copy, fault.agent, fault.fields) == (1, 0, "agent_1", ("env",))
+    venv.close()
