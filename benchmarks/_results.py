@@ -50,11 +50,14 @@ def write_section(name, body):
 def take_turns(steppers, actions, block, times):
     """Step each of ``steppers`` ({key: step function}) through ``actions`` in turns of ``block`` steps,
     appending each turn's µs per step to ``times[key]``: a busy moment on a shared machine falls on the
-    turns next to each other alike, and each turn can be set against another's of the same round."""
+    turns next to each other alike, and each turn can be set against another's of the same round. The
+    order of the turns rotates from round to round, so that no configuration always follows the same one."""
     import time
-    for start in range(0, len(actions), block):
+    order = list(steppers.items())
+    for r, start in enumerate(range(0, len(actions), block)):
         chunk = actions[start:start + block]
-        for key, step in steppers.items():
+        k = r % len(order)
+        for key, step in order[k:] + order[:k]:
             t0 = time.perf_counter()
             for a in chunk:
                 step(a)

@@ -69,7 +69,7 @@ def discard(venv, directory):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def calls_in_run(copies, actions, runs, flush_interval):
+def calls_in_run(copies, actions, runs, flush_interval, live=False):
     """Median µs an agent step spent inside each side's own calls, timed one by one in the stepping loop of the
     Gymnasium form with both ledgers: the env side as LedgerParallelEnv.step less the raw env's step inside it
     (per env copy, over its agents), the trainer side as LedgerSuperSuitVecEnv.step less SuperSuit's step."""
@@ -117,14 +117,14 @@ def calls_in_run(copies, actions, runs, flush_interval):
     env_side, trainer_side = [], []
     for _ in range(runs):
         d = tempfile.mkdtemp(prefix="stepledger-bench-")
-        par_env = Timed(LedgerParallelEnv(Timed(simple_spread_v3.parallel_env(N=3)), d,
+        par_env = Timed(LedgerParallelEnv(Timed(simple_spread_v3.parallel_env(N=3)), d, live=live,
                                           flush_interval=flush_interval))
         inner = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(par_env), copies, num_cpus=0,
                                       base_class="gymnasium")
         timed = TimedVec(inner)
         from stepledger.pettingzoo import index_supersuit_copies
         index_supersuit_copies(inner)
-        venv = LedgerSuperSuitVecEnv(timed, os.path.join(d, "trainer.npz"), flush_interval=flush_interval)
+        venv = LedgerSuperSuitVecEnv(timed, os.path.join(d, "trainer.npz"), live=live, flush_interval=flush_interval)
         venv.reset(seed=0)
         outer = []
         for a in actions:
@@ -145,13 +145,13 @@ def main():
     p.add_argument("--copies", type=int, default=4, help="env copies (3 agents each: 3x vector slots)")
     p.add_argument("--steps", type=int, default=1500, help="vector steps per run")
     p.add_argument("--runs", type=int, default=3, help="runs; in each, the pipelines take turns")
-    p.add_argument("--block", type=int, default=50, help="vector steps per turn")
+    p.add_argument("--block", type=int, default=20, help="vector steps per turn")
     p.add_argument("--flush-interval", type=float, default=1.0,
                    help="seconds between periodic spills (stepledger's default is 5; shorter spills more often)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few steps, no RESULTS.md")
     args = p.parse_args()
     if args.quick:
-        args.steps, args.runs, args.block = 60, 1, 20
+        args.steps, args.runs, args.block = 60, 1, 10
     warnings.filterwarnings("ignore", message=".*render_mode.*")
     import mpe2
     import pettingzoo
@@ -217,12 +217,17 @@ def main():
             "(SuperSuit's SB3 wrapper never sets TimeLimit.truncated), as it should; the run goes on "
             "(on_fault=\"record\")."]
     env_us, trainer_us = calls_in_run(args.copies, actions, args.runs, args.flush_interval)
-    out += ["", "Inside the run (Gymnasium form, both ledgers, no live check): each side's own calls timed with "
-            "perf_counter_ns in the stepping loop, the timer's cost taken off: the env side (LedgerParallelEnv.step "
-            "less the raw env's step inside it, a wrapper's frame included) %.2f µs per agent step, the trainer "
-            "side (LedgerSuperSuitVecEnv.step less SuperSuit's step inside it) %.2f µs per agent step (medians "
-            "over steps). A busy machine inflates even paired differences of whole turns; calls of a few µs are "
-            "rarely interrupted, so these figures stay close to what the ledgers cost." % (env_us, trainer_us)]
+    env_live, trainer_live = calls_in_run(args.copies, actions, args.runs, args.flush_interval, live=True)
+    out += ["", "Inside the run (Gymnasium form, both ledgers): each side's own calls timed with perf_counter_ns "
+            "in the stepping loop, the timer's cost taken off, medians over steps, µs per agent step:", "",
+            "| | env side (LedgerParallelEnv.step less the raw env's step inside it) | trainer side "
+            "(LedgerSuperSuitVecEnv.step less SuperSuit's step inside it) |", "| --- | --- | --- |",
+            "| files only | %.2f | %.2f |" % (env_us, trainer_us),
+            "| files and live=True | %.2f | %.2f |" % (env_live, trainer_live), "",
+            "A busy machine inflates even paired differences of whole turns (each a few hundred ms); calls of a "
+            "few µs are rarely interrupted, so these figures stay close to what the ledgers cost. The env side's "
+            "figure includes one wrapper's Python frame, and not the autoreset's reset (SuperSuit calls it apart "
+            "from the step)."]
     text = "\n".join(out)
     print(text)
     if not args.quick:

@@ -262,14 +262,19 @@ class LedgerParallelEnv(BaseParallelWrapper):
     def _with_tokens(self, infos, stepped, entered):
         """A copy of ``infos`` with each agent's token: a step's under TOKEN_KEY, a reset's (the agent's first
         observation) under RESET_TOKEN_KEY; the env's own dicts are left as they were (it may reuse them)."""
-        infos = dict(infos or {})
-        for key, agents in ((S.TOKEN_KEY, stepped), (S.RESET_TOKEN_KEY, entered)):
-            for agent in agents:
-                info = infos[agent] = dict(infos.get(agent) or {})
-                info[key] = self._recorders[agent].token(self._streams[agent])
+        infos = dict(infos) if infos else {}
+        recorders, streams = self._recorders, self._streams
+        for agent in stepped:
+            info = infos[agent] = dict(infos.get(agent) or ())
+            info[S.TOKEN_KEY] = recorders[agent].token(streams[agent])
+        for agent in entered:
+            info = infos[agent] = dict(infos.get(agent) or ())
+            info[S.RESET_TOKEN_KEY] = recorders[agent].token(streams[agent])
+        if self._unsent:  # each agent's first token carries the settings
+            for agent in (*stepped, *entered):
                 if agent in self._unsent:
                     self._unsent.discard(agent)
-                    info[S.SETTINGS_KEY] = self._settings
+                    infos[agent][S.SETTINGS_KEY] = self._settings
         return infos
 
     def _enter(self, recorders, obs, acting, entered=None):

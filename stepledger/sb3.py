@@ -38,7 +38,8 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
     :param reward_dtype: np.float32 (default) or np.float64; the same on both sides.
     :param keep_values: also keep observations and actions; the same on both sides.
     :param live: check each env's live token (from ``LedgerEnv(live=True)``) as it arrives: the step's in
-        ``infos[i]``, the reset's in the VecEnv's ``reset_infos[i]``. With ``path=None`` no file is written.
+        ``infos[i]``, the reset's in the VecEnv's ``reset_infos[i]`` (``stepledger.pettingzoo``'s under SuperSuit:
+        in the ending step's ``infos[i]``, a key of its own). With ``path=None`` no file is written.
     :param on_fault: with live, what a mismatch does: "raise" a BoundaryFault (default), "warn", "record"
         (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
     :param keep_tokens: leave the tokens in the infos (by default they are removed).
