@@ -258,12 +258,14 @@ def test_index_reaches_each_worker_with_uneven_copies(tmp_path):
     d = str(tmp_path)
     venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(spread(5, terminating=True), d)),
                                  3, num_cpus=2, base_class="stable_baselines3")
-    assert index_supersuit_copies(venv) == 2  # worker processes
-    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
-    venv.reset()
-    for _ in range(7):
-        venv.step(np.zeros(9, dtype=np.int64))
-    venv.close()
+    try:  # a vector env of SuperSuit's workers left open would hang the test process at exit
+        assert index_supersuit_copies(venv) == 2  # worker processes
+        venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+        venv.reset()
+        for _ in range(7):
+            venv.step(np.zeros(9, dtype=np.int64))
+    finally:
+        venv.close()
     for c in range(3):
         with read(os.path.join(d, "env-%d.npz" % c)) as led:
             assert sorted(led.streams) == [3 * c, 3 * c + 1, 3 * c + 2]
@@ -295,10 +297,13 @@ def test_indexing_workers_without_ledgers(tmp_path):
             index_supersuit_copies(venv)
     finally:
         venv.close()
-    venv = LedgerSuperSuitVecEnv(bare(), str(tmp_path / "trainer.npz"))  # nothing to index: it goes on
-    venv.reset(seed=0)
-    venv.step(np.zeros(6, dtype=np.int64))
-    venv.close()
+    venv = bare()
+    try:
+        venv = LedgerSuperSuitVecEnv(venv, str(tmp_path / "trainer.npz"))  # nothing to index: it goes on
+        venv.reset(seed=0)
+        venv.step(np.zeros(6, dtype=np.int64))
+    finally:
+        venv.close()
     with pytest.raises(LedgerError, match="is not one of SuperSuit's vector envs"):
         index_supersuit_copies(object())
 
