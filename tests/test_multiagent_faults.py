@@ -13,10 +13,9 @@ pytest.importorskip("stable_baselines3")
 ss = pytest.importorskip("supersuit")
 simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 
-from gymnasium import spaces  # noqa: E402
-from pettingzoo import ParallelEnv  # noqa: E402
 from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
 
+from parallel_envs import LeavesApart  # noqa: E402
 from stepledger import read  # noqa: E402
 from stepledger.check import SB3_FORM_BLIND, is_located, supersuit_rollout  # noqa: E402
 from stepledger.faults import AGENT_FAULTS, MULTIAGENT_FAULTS, FaultEngine, FaultyParallelEnv  # noqa: E402
@@ -38,38 +37,6 @@ class TerminatingSpread(BaseParallelWrapper):
 def spread(max_cycles=4, continuous=False, terminating=False):
     env = simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles, continuous_actions=continuous)
     return TerminatingSpread(env) if terminating else env
-
-
-class LeavesApart(ParallelEnv):
-    """agent_1 terminates after 2 steps while agent_0 and agent_2 go on until they terminate after 5."""
-    metadata = {"name": "leaves_apart_v0"}
-    render_mode = None
-
-    def __init__(self):
-        self.possible_agents = list(AGENTS)
-        self._space = spaces.Box(-10.0, 10.0, (2,), np.float32)
-
-    def observation_space(self, agent):
-        return self._space
-
-    def action_space(self, agent):
-        return spaces.Discrete(3)
-
-    def reset(self, seed=None, options=None):
-        self.t, self.agents = 0, list(self.possible_agents)
-        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
-
-    def _obs(self, agent):
-        return np.array([self.possible_agents.index(agent) + 1, self.t], np.float32)
-
-    def step(self, actions):
-        self.t += 1
-        live = list(self.agents)
-        terms = {a: a == "agent_1" and self.t == 2 or self.t == 5 for a in live}
-        truncs = {a: False for a in live}
-        self.agents = [a for a in live if not (terms[a] or truncs[a])]
-        return ({a: self._obs(a) for a in live}, {a: 1.0 + float(actions[a]) for a in live}, terms, truncs,
-                {a: {} for a in live})
 
 
 def env_for(fault, form):

@@ -10,9 +10,8 @@ pytest.importorskip("pettingzoo")
 ss = pytest.importorskip("supersuit")
 simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 
-from gymnasium import spaces  # noqa: E402
-from pettingzoo import ParallelEnv  # noqa: E402
 
+from parallel_envs import LeavingEnv, TwoLeaveApart  # noqa: E402
 from stepledger import LedgerError, _schema as S, compare, read  # noqa: E402
 from stepledger.pettingzoo import LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
@@ -68,42 +67,6 @@ def test_streams_are_supersuits_vector_slots():
     assert agent_streams(2, ["a", "b", "c"]) == {"a": 6, "b": 7, "c": 8}
 
 
-class LeavingEnv(ParallelEnv):
-    """Two agents; agent_1 terminates after 2 steps, agent_0 is truncated after 4; agent_2 joins at step 1."""
-    metadata = {"name": "leaving_v0"}
-
-    def __init__(self):
-        self.possible_agents = ["agent_0", "agent_1", "agent_2"]
-        self._space = spaces.Box(-1.0, 1.0, (2,), np.float32)
-
-    def observation_space(self, agent):
-        return self._space
-
-    def action_space(self, agent):
-        return spaces.Discrete(3)
-
-    def _obs(self, agent):
-        return np.array([self.possible_agents.index(agent), self.t], np.float32) / 10
-
-    def reset(self, seed=None, options=None):
-        self.t = 0
-        self.agents = ["agent_0", "agent_1"]
-        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        self.t += 1
-        live = list(self.agents)
-        terms = {a: a == "agent_1" and self.t == 2 for a in live}
-        truncs = {a: a == "agent_0" and self.t == 4 for a in live}
-        if self.t == 1:
-            live.append("agent_2")  # joins: its first observation comes with this step
-            terms["agent_2"] = truncs["agent_2"] = False
-        obs = {a: self._obs(a) for a in live}
-        rewards = {a: float(actions.get(a, 0)) for a in live}
-        self.agents = [a for a in live if not terms[a] and not truncs[a]]
-        return obs, rewards, terms, truncs, {a: {} for a in live}
-
-
 def test_agents_that_leave_and_join(tmp_path):
     env = LedgerParallelEnv(LeavingEnv(), str(tmp_path), index=1)
     env.reset()
@@ -149,39 +112,6 @@ def test_index_supersuit_copies_refuses_without_ledgers(tmp_path):
     with pytest.raises(LedgerError, match="env copy 0 has no LedgerParallelEnv"):
         index_supersuit_copies(venv)
     venv.close()
-
-
-class TwoLeaveApart(ParallelEnv):
-    """agent_1 terminates after 2 steps, agent_0 is truncated after 4: agents that leave at different steps."""
-    metadata = {"name": "two_leave_apart_v0"}
-    render_mode = None
-
-    def __init__(self):
-        self.possible_agents = ["agent_0", "agent_1"]
-        self._space = spaces.Box(-1.0, 1.0, (2,), np.float32)
-
-    def observation_space(self, agent):
-        return self._space
-
-    def action_space(self, agent):
-        return spaces.Discrete(3)
-
-    def _obs(self, agent):
-        return np.array([self.possible_agents.index(agent) + 1, self.t], np.float32) / 10
-
-    def reset(self, seed=None, options=None):
-        self.t = 0
-        self.agents = list(self.possible_agents)
-        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        self.t += 1
-        live = list(self.agents)
-        terms = {a: a == "agent_1" and self.t == 2 for a in live}
-        truncs = {a: a == "agent_0" and self.t == 4 for a in live}
-        obs = {a: self._obs(a) for a in live}
-        self.agents = [a for a in live if not terms[a] and not truncs[a]]
-        return obs, {a: 1.0 for a in live}, terms, truncs, {a: {} for a in live}
 
 
 def black_death_run(d, par_env, steps):

@@ -12,9 +12,9 @@ ss = pytest.importorskip("supersuit")
 simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 
 from gymnasium import spaces  # noqa: E402
-from pettingzoo import ParallelEnv  # noqa: E402
 from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
 
+from parallel_envs import TogetherEnv  # noqa: E402
 from stepledger import TrainerLedger, _schema as S, compare  # noqa: E402
 from stepledger.errors import SettingsError  # noqa: E402
 from stepledger.live import BoundaryFault  # noqa: E402
@@ -23,44 +23,6 @@ from stepledger.pettingzoo import (LedgerParallelEnv, LedgerSuperSuitVecEnv, ind
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
 
 AGENTS = ["agent_0", "agent_1", "agent_2"]
-
-
-class TogetherEnv(ParallelEnv):
-    """Three agents that terminate together after 3, 4 or 5 steps: episodes end by termination only."""
-    metadata = {"name": "together_v0"}
-    render_mode = None
-
-    def __init__(self):
-        self.possible_agents = list(AGENTS)
-        self._space = spaces.Box(-10.0, 10.0, (2,), np.float32)
-        self.episode = -1
-
-    def observation_space(self, agent):
-        return self._space
-
-    def action_space(self, agent):
-        return spaces.Discrete(3)
-
-    def _obs(self, agent):
-        return np.array([self.possible_agents.index(agent) + 1, self.t + 0.5 * self.episode], np.float32)
-
-    def reset(self, seed=None, options=None):
-        self.episode += 1
-        self.t = 0
-        self.agents = list(self.possible_agents)
-        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        self.t += 1
-        done = self.t >= 3 + self.episode % 3
-        obs = {a: self._obs(a) for a in self.agents}
-        rewards = {a: float(actions[a]) / 4 for a in self.agents}
-        terms = {a: done for a in self.agents}
-        truncs = {a: False for a in self.agents}
-        infos = {a: {} for a in self.agents}
-        if done:
-            self.agents = []
-        return obs, rewards, terms, truncs, infos
 
 
 class OneAgentFault(BaseParallelWrapper):
