@@ -35,6 +35,7 @@ from stepledger.episodes import (EpisodeLog, EpisodeLogTap, check_episodes, read
 from stepledger.recording import Recording
 from stepledger.spaces import LeafLayout
 
+from side_venv import cached_venv, imported_version  # noqa: E402
 from trainer_envs import make_ledger_gym  # noqa: E402  (importable by worker processes)
 
 BOX = gym.spaces.Box(-1, 1, (1,), np.float32)
@@ -632,56 +633,11 @@ _GYM_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _python_in(venv):
-    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
-
-
-def _gym_version(python):
-    try:
-        out = subprocess.run([python, "-c", "import gymnasium, numpy; print(gymnasium.__version__)"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _lock(f, take):
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock; two sessions building at once may have to retry
-        return
-    fcntl.flock(f, fcntl.LOCK_EX if take else fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
 def gym13_python():
     """A Python with gymnasium==1.3.0, in a venv cached at GYM13_VENV (built once, under a file lock)."""
-    venv, python = GYM13_VENV, _python_in(GYM13_VENV)
-    marker = os.path.join(venv, "stepledger-gym13-ready")
-    with open(venv + ".lock", "w") as lock:
-        _lock(lock, True)
-        try:
-            if os.path.exists(marker) and _gym_version(python) == "1.3.0":
-                return python
-            shutil.rmtree(venv, ignore_errors=True)
-            try:
-                subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, text=True,
-                               timeout=180)
-                subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                "gymnasium==1.3.0", "numpy"], check=True, capture_output=True, text=True, timeout=600)
-            except subprocess.CalledProcessError as exc:
-                shutil.rmtree(venv, ignore_errors=True)
-                tail = (exc.stderr or exc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-                pytest.skip("cannot build a venv with gymnasium==1.3.0 (no network or package index?): %s" % tail[0])
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                shutil.rmtree(venv, ignore_errors=True)
-                pytest.skip("cannot build a venv with gymnasium==1.3.0: %s" % exc)
-            if _gym_version(python) != "1.3.0":
-                pytest.skip("the venv at %s does not import gymnasium 1.3.0" % venv)
-            open(marker, "w").close()
-            return python
-        finally:
-            _lock(lock, False)
+    return cached_venv(GYM13_VENV, "stepledger-gym13-ready", "gymnasium==1.3.0", [["gymnasium==1.3.0", "numpy"]],
+                       lambda python: imported_version(python, "gymnasium, numpy", "gymnasium"), "1.3.0")
 
 
 def _run_script(python, directory):

@@ -9,12 +9,12 @@ the venv cannot be built (no package index).
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 
 import pytest
+from side_venv import cached_venv, imported_version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY = "ray[rllib]==2.60.0"
@@ -27,62 +27,12 @@ VENV = os.environ.get("STEPLEDGER_RAY_VENV") or os.path.join(
 MARKER = "stepledger-ray-ready"
 
 
-def _python_in(venv):
-    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
-
-
-def _ray_version(python):
-    try:
-        out = subprocess.run([python, "-c", "import ray.rllib, torch, s3fs, pytest; print(ray.__version__)"],
-                             capture_output=True, text=True, timeout=180)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
-
-
-def _lock(f, take):
-    try:
-        import fcntl
-    except ImportError:
-        return
-    fcntl.flock(f, fcntl.LOCK_EX if take else fcntl.LOCK_UN)
-
-
-def _pip(python, *args):
-    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], check=True,
-                   capture_output=True, text=True, timeout=1200)
-
-
 @pytest.fixture(scope="session")
 def ray_python():
     """A Python with Ray RLlib 2.60.0 and the CPU torch (built once, kept, under a file lock)."""
-    venv, python = VENV, _python_in(VENV)
-    marker = os.path.join(venv, MARKER)
-    with open(venv + ".lock", "w") as lock:
-        _lock(lock, True)
-        try:
-            if os.path.exists(marker) and _ray_version(python) == "2.60.0":
-                return python
-            shutil.rmtree(venv, ignore_errors=True)
-            try:
-                subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, text=True,
-                               timeout=180)
-                _pip(python, "--upgrade", "pip")
-                _pip(python, TORCH)
-                _pip(python, RAY, *TEST_DEPS)
-            except subprocess.CalledProcessError as exc:
-                shutil.rmtree(venv, ignore_errors=True)
-                tail = (exc.stderr or exc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-                pytest.skip("cannot build a venv with %s (no package index?): %s" % (RAY, tail[0]))
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                shutil.rmtree(venv, ignore_errors=True)
-                pytest.skip("cannot build a venv with %s: %s" % (RAY, exc))
-            version = _ray_version(python)
-            assert version == "2.60.0", "the venv at %s does not import ray 2.60.0 (got %r)" % (venv, version)
-            open(marker, "w").close()
-            return python
-        finally:
-            _lock(lock, False)
+    return cached_venv(VENV, MARKER, RAY, [["--upgrade", "pip"], [TORCH], [RAY, *TEST_DEPS]],
+                       lambda python: imported_version(python, "ray.rllib, torch, s3fs, pytest", "ray", timeout=180),
+                       "2.60.0", install_timeout=1200)
 
 
 def test_the_rllib_tests_pass_in_their_own_venv(ray_python):
