@@ -6,7 +6,13 @@ real Pendulum-v1 rollout through Recording and VectorRecorder (as
 benchmarks/storage.py part 3 does), then times ``close()``: in fresh
 processes, alternating with isal importable and with isal blocked, several
 rounds, and prints each run, the medians, their ratio and the file sizes.
-It also checks that the two files hold the same columns.
+It also checks that the two files hold the same columns and settings.
+
+A third configuration, "zlib, isal's levels", is the writer as it was before
+isal became optional (e7c86ec): zlib alone deflating every member at the
+levels ISA-L uses (the float32 reward bits and the step counter at level 1).
+It shows what storing the reward bits and deflating the step counter at zlib's
+level 3 buys in time, and costs in bytes.
 
     python benchmarks/deflate.py                 # 16 x 1M events, 3 rounds
     python benchmarks/deflate.py --quick         # a smoke run
@@ -36,12 +42,15 @@ sys.meta_path.insert(0, _NoIsal())
 
 
 def child(n_envs, events, pool_steps, path, block):
-    if block:
+    if block != "0":
         exec(_BLOCK)
     sys.path.insert(0, HERE)
     from storage import Pool, record
 
+    from stepledger import _schema, ledgerfile
     from stepledger._zipwriter import DEFLATE
+    if block == "2":  # the levels of the writer before isal was optional, with zlib
+        ledgerfile._LEVEL.update(_schema.COLUMN_LEVELS["isal"])
     pool = Pool(n_envs, pool_steps)
     rec = record(path, pool, events)
     t0 = time.perf_counter()
@@ -61,32 +70,38 @@ def main():
     args = p.parse_args()
     if args.child:
         n, events, pool, path, block = args.child
-        print(json.dumps(child(int(n), int(events), int(pool), path, block == "1")))
+        print(json.dumps(child(int(n), int(events), int(pool), path, block)))
         return 0
     if args.quick:
         args.events_per_env, args.rounds, args.pool = 20_000, 1, 512
     tmp = tempfile.mkdtemp(prefix="stepledger-deflate-")
-    runs = {"isal": [], "zlib": []}
+    configs = (("isal", "0", "isal"), ("zlib", "1", "zlib"), ("zlib, isal's levels", "2", "zlib"))
+    runs = {name: [] for name, _, _ in configs}
     paths = {}
     try:
         for r in range(args.rounds):
-            for name, block in (("isal", "0"), ("zlib", "1")):
-                path = os.path.join(tmp, "%s-%d" % (name, r), "trainer.npz")
+            for name, block, deflate in configs:
+                path = os.path.join(tmp, "%s-%d" % (block, r), "trainer.npz")
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(args.num_envs),
                                       str(args.events_per_env), str(args.pool), path, block],
                                      stdout=subprocess.PIPE, text=True, check=True)
                 res = json.loads(out.stdout.strip().splitlines()[-1])
-                if res["deflate"] != name:
-                    raise SystemExit("expected %s, the child used %s (is isal installed?)" % (name, res["deflate"]))
+                if res["deflate"] != deflate:
+                    raise SystemExit("expected %s, the child used %s (is isal installed?)" % (deflate, res["deflate"]))
                 runs[name].append(res)
                 paths[name] = path
                 print("round %d, %s: close() %.2f s, %.2f bytes an event" % (
                     r, name, res["close_s"], res["bytes"] / (args.num_envs * args.events_per_env)), flush=True)
-        from stepledger import read
-        with read(paths["isal"]) as a, read(paths["zlib"]) as b:
-            same = a.meta == b.meta and all(
-                all((a.streams[i].columns[c] == b.streams[i].columns[c]).all() for c in a.streams[i].columns)
-                for i in a.streams)
+        from stepledger import _schema, read
+
+        def settings(meta):  # what a recording's files share: not the writer, run, times or pid
+            return {k: v for k, v in meta.items() if k not in _schema.PER_FILE_META}
+        same = True
+        for other in ("zlib", "zlib, isal's levels"):
+            with read(paths["isal"]) as a, read(paths[other]) as b:
+                same = same and settings(a.meta) == settings(b.meta) and sorted(a.streams) == sorted(b.streams) \
+                    and all(all((a.streams[i].columns[c] == b.streams[i].columns[c]).all()
+                                for c in a.streams[i].columns) for i in a.streams)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total = args.num_envs * args.events_per_env
@@ -97,8 +112,12 @@ def main():
     print("  with isal:    median %.2f s, %.2f bytes an event" % (med["isal"], size["isal"]))
     print("  without isal: median %.2f s, %.2f bytes an event (target: under %.0f s at 16M events)"
           % (med["zlib"], size["zlib"], TARGET_ZLIB_S))
+    old = "zlib, isal's levels"
+    print("  without isal, at isal's levels (before e7c86ec): median %.2f s, %.2f bytes an event"
+          % (med[old], size[old]))
     print("  without / with: %.2fx the time, %.2fx the bytes" % (med["zlib"] / med["isal"], size["zlib"] / size["isal"]))
-    print("  the two files hold the same meta and columns: %s" % same)
+    print("  without, now / before: %.2fx the time, %.2fx the bytes" % (med["zlib"] / med[old], size["zlib"] / size[old]))
+    print("  the three files hold the same settings and columns: %s" % same)
     return 0 if same else 1
 
 
