@@ -231,10 +231,12 @@ def _max_matching(cols, log, rtol, atol):
     """A maximum matching of recorded episodes ``cols`` to logged ones: same length, return within
     tolerance. Returns (recorded matched, logged matched, tol), boolean masks and the tolerances.
 
-    Per length, each recorded episode is an interval of returns it accepts;
-    taking intervals by their upper end and giving each the smallest free
-    logged return inside it matches as many as any matching can. An interval
-    holding no logged return of its length at all is left unmatched at once.
+    Per length, with the logged returns sorted, each recorded episode accepts a
+    range [first, last) of them. Taking ranges by their end and giving each
+    the smallest free logged return inside it matches as many as any matching
+    can. Episodes with the same range are interchangeable, so they are taken
+    as one group (the first ones in ledger order are matched): the loop runs
+    once per group and once per match, not once per recorded episode.
     """
     n_rec = len(cols["env"])
     tol, lo, hi = _intervals(cols, rtol, atol)
@@ -246,20 +248,30 @@ def _max_matching(cols, log, rtol, atol):
         li = li[np.argsort(log.r[li], kind="stable")]
         vals = log.r[li]
         first = np.searchsorted(vals, lo[ri], side="left")
-        # (NaN bounds compare false: such an interval holds no logged return)
-        holds = (first < vals.size) & (vals[np.minimum(first, vals.size - 1)] <= hi[ri])
-        ri = ri[holds]
+        last = np.searchsorted(vals, hi[ri], side="right")  # NaN bounds give an empty range
+        holds = first < last
+        if not holds.any():
+            continue
+        ri, first, last = ri[holds], first[holds], last[holds]
+        order = np.lexsort((ri, first, last))
+        ri, first, last = ri[order], first[order], last[order]
+        starts = np.flatnonzero(np.r_[True, (first[1:] != first[:-1]) | (last[1:] != last[:-1])])
+        stops = np.r_[starts[1:], ri.size]
         nxt = list(range(li.size + 1))  # the next free logged return at or after each position
-        for j in ri[np.argsort(hi[ri], kind="stable")]:
-            p = q = int(np.searchsorted(vals, lo[j], side="left"))
-            while nxt[p] != p:
-                p = nxt[p]
-            while nxt[q] != p:  # path compression
-                nxt[q], q = p, nxt[q]
-            if p < li.size and vals[p] <= hi[j]:
+        for a, b in zip(starts.tolist(), stops.tolist()):
+            begin, end = int(first[a]), int(last[a])
+            while a < b:
+                p = q = begin
+                while nxt[p] != p:
+                    p = nxt[p]
+                while nxt[q] != p:  # path compression
+                    nxt[q], q = p, nxt[q]
+                if p >= end:
+                    break
                 nxt[p] = p + 1
-                rec_matched[j] = True
+                rec_matched[ri[a]] = True
                 log_matched[li[p]] = True
+                a += 1
     return rec_matched, log_matched, tol
 
 
