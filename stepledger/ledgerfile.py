@@ -113,16 +113,25 @@ def positions(kind, carry):
     Events before the first reset belong to episode -1.
     """
     kind = np.asarray(kind)
-    n = kind.shape[0]
-    if n == 0:
+    if kind.shape[0] == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64), carry
-    is_reset = kind == S.KIND_RESET
-    episode = carry[0] + np.cumsum(is_reset, dtype=np.int64)
-    idx = np.arange(n, dtype=np.int64)
-    last_reset = np.where(is_reset, idx, -1)
-    np.maximum.accumulate(last_reset, out=last_reset)
-    step = np.where(last_reset >= 0, idx - last_reset, carry[1] + 1 + idx)
+    episode, step = _episodes(kind, carry[0]), _steps(kind, carry[1])
     return episode, step, (int(episode[-1]), int(step[-1]))
+
+
+def _episodes(kind, before):
+    """The episode column of a non-empty chunk of kinds, ``before`` the episode of the event before it."""
+    return np.cumsum(kind == S.KIND_RESET, dtype=np.int64) + before
+
+
+def _steps(kind, before):
+    """The step column of a non-empty chunk of kinds, ``before`` the step of the event before it."""
+    idx = np.arange(kind.shape[0], dtype=np.int64)
+    # where the chunk's last reset so far is; before its first, a virtual one that gives before + 1 + idx
+    last_reset = np.where(kind == S.KIND_RESET, idx, np.int64(-1 - before))
+    np.maximum.accumulate(last_reset, out=last_reset)
+    idx -= last_reset
+    return idx
 
 
 class Segment:
@@ -170,16 +179,21 @@ def write_ledger(path, meta, stream_ids, segments, value_members=(), final=True)
         return gen
 
     def position_chunks(which):
+        column, carry0 = (_episodes, -1) if which == "episode" else (_steps, 0)  # as positions() computes them
+
         def gen():
             for s in stream_ids:
-                carry = (-1, 0)
+                carry = carry0
                 for seg in segments:
                     cols = seg.columns.get(s)
                     if cols is not None:
                         kind = cols["kind"]
                         for i in range(0, kind.shape[0], CHUNK):
-                            episode, step, carry = positions(kind[i:i + CHUNK], carry)
-                            yield episode if which == "episode" else step
+                            part = np.asarray(kind[i:i + CHUNK])
+                            if part.shape[0]:
+                                out = column(part, carry)
+                                carry = int(out[-1])
+                                yield out
         return gen
 
     meta_arr = np.array(json.dumps(meta, sort_keys=True))
