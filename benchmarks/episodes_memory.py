@@ -7,7 +7,7 @@ monitor.csv without (paired in completion order); their last logged episode is o
 that the check has a difference to report and every recorded episode after the logged ones to count.
 The monitor.csv is also matched as a multiset (--match multiset), which pairs any logged episode with
 any recorded one: "after", a maximum matching of the rows held drops those it leaves unmatched, every
-2 x (logged episodes) + 64k rows.
+1.25 x (logged episodes) + 64k rows.
 
 "After" is this checkout. "Before" is the package at --before (the commit before the episode check
 kept only what a log can be paired with; it kept every episode in all three ways): it is copied out with ``git archive`` into a temporary

@@ -188,3 +188,28 @@ def test_bounded_multiset_matches_as_many_when_matchings_are_many(tmp_path):
                  for w in ("unlogged", "unrecorded")}
         assert count == {w: sum(d.n_differ for d in want[1] if d.what == w) for w in ("unlogged", "unrecorded")}
         assert max(held, default=0) <= n and len(recorded) == len(full)
+
+
+def test_logs_past_the_episode_limit_are_refused_in_one_line(tmp_path, monkeypatch):
+    from stepledger.episodes import logs as L
+    from stepledger.errors import LedgerError
+    monkeypatch.setattr(L, "MAX_LOG_EPISODES", 5)
+    monkeypatch.setattr(L, "MAX_LOG_MEMBER_BYTES", 1 << 20)
+    (tmp_path / "log.csv").write_text("r,l\n" + "1.5,2\n" * 6)
+    with pytest.raises(LedgerError, match=r"log.csv: an episode log of more than 5 episodes; a reader accepts at "
+                                          r"most 5$"):
+        L.read_episode_log(str(tmp_path / "log.csv"))
+    (tmp_path / "log.csv").write_text("r,l\n" + "1.5,2\n" * 5)
+    assert len(L.read_episode_log(str(tmp_path / "log.csv"))) == 5
+    mon = tmp_path / "mon"
+    mon.mkdir()
+    for i in range(2):  # 3 + 3 over a directory: more than 5 together
+        (mon / ("%d.monitor.csv" % i)).write_text('#{"t_start": 0}\nr,l,t\n' + "1.0,1,0\n" * 3)
+    with pytest.raises(LedgerError, match=r"mon: an episode log of more than 5 episodes"):
+        L.read_episode_log(str(mon))
+    np.savez(tmp_path / "log.npz", r=np.ones(6), l=np.ones(6, np.int64))
+    with pytest.raises(LedgerError, match=r"log.npz: an episode log of more than 5 episodes"):
+        L.read_episode_log(str(tmp_path / "log.npz"))
+    np.savez(tmp_path / "big.npz", r=np.ones(1 << 18), l=np.ones(1 << 18, np.int64))  # 2 MB arrays
+    with pytest.raises(LedgerError, match=r"big.npz: member r declares \d+ bytes; a reader accepts at most 1048576"):
+        L.read_episode_log(str(tmp_path / "big.npz"))

@@ -42,9 +42,10 @@ a dropped reward within the tolerance (a reward of 0, say) cannot show.
 
 from ..episode_tap import EpisodeLogTap
 from .derive import EPISODE_CHUNK, RecordedEpisodes, recorded_episodes
-from .logs import LOG_FORMAT, LOG_FORMAT_VERSION, MAX_LOG_CSV_BYTES, MAX_LOG_MEMBER_BYTES, EpisodeLog, read_episode_log
+from .logs import (LOG_FORMAT, LOG_FORMAT_VERSION, MAX_LOG_CSV_BYTES, MAX_LOG_EPISODES, MAX_LOG_MEMBER_BYTES, EpisodeLog,
+                   read_episode_log)
 from .match import ATOL, MATCH_MODES, RTOL, EpisodeDifference, EpisodeReport, check_episodes
 
 __all__ = ["ATOL", "EPISODE_CHUNK", "LOG_FORMAT", "LOG_FORMAT_VERSION", "MATCH_MODES", "MAX_LOG_CSV_BYTES",
-           "MAX_LOG_MEMBER_BYTES", "RTOL", "EpisodeDifference", "EpisodeLog", "EpisodeLogTap", "EpisodeReport",
+           "MAX_LOG_EPISODES", "MAX_LOG_MEMBER_BYTES", "RTOL", "EpisodeDifference", "EpisodeLog", "EpisodeLogTap", "EpisodeReport",
            "RecordedEpisodes", "check_episodes", "read_episode_log", "recorded_episodes"]

@@ -64,10 +64,6 @@ COLUMNS = (("env", np.int64), ("episode", np.int64), ("length", np.int64), ("ret
            ("ret32", np.float32), ("abs_sum", np.float64), ("end_step", np.int64))
 
 
-def _concat(parts):
-    return {k: (np.concatenate(parts[k]) if parts[k] else np.empty(0, dt)) for k, dt in COLUMNS}
-
-
 class KeepAll:
     """Keeps every completed episode's row."""
 
@@ -80,7 +76,7 @@ class KeepAll:
             self.parts[k].append(rows[k])
 
     def columns(self):
-        return _concat(self.parts)
+        return merge(self.parts)
 
 
 class FirstPerEnv(KeepAll):
@@ -103,10 +99,33 @@ class FirstPerEnv(KeepAll):
             super().add({k: v[:room] for k, v in rows.items()})
 
 
+def room(k, slack):
+    """Rows a keeper that needs ``k`` of them holds before it drops some: a quarter as many again, and
+    ``slack`` (each drop sorts what is held: the more often, the less memory and the more time)."""
+    return k + k // 4 + slack
+
+
+def merge(parts):
+    """The rows of ``parts`` as columns, each column's pieces joined in place one column at a time (so that
+    the rows are held once, and one column twice, not all of them twice)."""
+    for name, dt in COLUMNS:
+        if len(parts[name]) != 1:
+            parts[name] = [np.concatenate(parts[name]) if parts[name] else np.empty(0, dt)]
+    return {name: parts[name][0] for name, _ in COLUMNS}
+
+
+def thin(parts, keep):
+    """Keep rows ``keep`` (a mask or ascending indices over the rows of ``parts``) of each column, one
+    column at a time, so that no more than one column is copied at once."""
+    for name in list(parts):
+        col = np.concatenate(parts[name]) if len(parts[name]) != 1 else parts[name][0]
+        parts[name] = [col[keep]]
+
+
 class Earliest(KeepAll):
     """Keeps the ``k`` completed episodes that ended first across all envs, in completion order (the
     vector step each ended at, then env index): what a log without env indices is paired with in order.
-    Rows are dropped as they come, so that no more than 2k + ``slack`` are held at once."""
+    Rows are dropped as they come, so that no more than ``room(k, slack)`` are held at once."""
 
     def __init__(self, k, slack=1 << 16):
         super().__init__()
@@ -116,28 +135,37 @@ class Earliest(KeepAll):
     def add(self, rows):
         super().add(rows)
         self.held += int(rows["env"].size)
-        if self.held > 2 * self.k + self.slack:
+        if self.held > room(self.k, self.slack):
             self._trim()
 
     def _trim(self):
-        cols = _concat(self.parts)
-        order = np.lexsort((cols["env"], cols["end_step"]))
+        env = _concat_one(self.parts, "env")
+        end_step = _concat_one(self.parts, "end_step")
+        order = np.lexsort((env, end_step))
         drop = order[self.k:]
-        for env in np.unique(cols["env"][drop]):
-            mine = drop[cols["env"][drop] == env]
-            first = int(mine[np.argmin(cols["end_step"][mine])])
-            e = int(env)
-            # an env's episodes end in order: the earliest dropped one is its first not kept
-            if e not in self.beyond or cols["end_step"][first] < self._beyond_end[e]:
-                self.beyond[e] = int(cols["episode"][first])
-                self._beyond_end[e] = int(cols["end_step"][first])
+        if drop.size:
+            episode = _concat_one(self.parts, "episode")
+            for e in np.unique(env[drop]):
+                mine = drop[env[drop] == e]
+                first = int(mine[np.argmin(end_step[mine])])
+                e = int(e)
+                # an env's episodes end in order: the earliest dropped one is its first not kept
+                if e not in self.beyond or end_step[first] < self._beyond_end[e]:
+                    self.beyond[e] = int(episode[first])
+                    self._beyond_end[e] = int(end_step[first])
+            del episode
         keep = np.sort(order[:self.k])  # back in env, episode order
-        self.parts = {k: [v[keep]] for k, v in cols.items()}
+        del env, end_step, order, drop
+        thin(self.parts, keep)
         self.held = int(keep.size)
 
     def columns(self):
         self._trim()
-        return _concat(self.parts)
+        return merge(self.parts)
+
+
+def _concat_one(parts, name):
+    return np.concatenate(parts[name]) if parts[name] else np.empty(0, dict(COLUMNS)[name])
 
 
 class _Carry:

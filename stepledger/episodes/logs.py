@@ -1,5 +1,6 @@
 """The trainer's episode log, read from SB3's ``monitor.csv``, EpisodeLogTap's ``.npz`` or a CSV."""
 
+import array
 import csv
 import json
 import os
@@ -13,9 +14,13 @@ from ..ledgerfile import open_regular, read_small_npz
 
 LOG_FORMAT = S.EPISODE_LOG_FORMAT
 LOG_FORMAT_VERSION = S.EPISODE_LOG_VERSION
-# What a reader accepts of a trainer's episode log, so that no log, however crafted, takes unbounded memory.
-MAX_LOG_MEMBER_BYTES = 64 << 20  # one array of an .npz log: 8M episodes of float64
-MAX_LOG_CSV_BYTES = 32 << 20  # a CSV log (monitor.csv): about 1M episodes
+# What a reader accepts of a trainer's episode log, so that no log, however crafted, takes unbounded memory:
+# the episode check holds up to about 350 bytes a logged episode (the log, the recorded episodes it may be
+# paired with, and a matching's work arrays), so that 512k logged episodes keep it under 256 MB however
+# long the ledgers (benchmarks/episodes_memory.py --log-limit measures the worst).
+MAX_LOG_EPISODES = 1 << 19  # episodes in one log (all the N.monitor.csv files of a directory together)
+MAX_LOG_MEMBER_BYTES = 8 * MAX_LOG_EPISODES  # one array of an .npz log: MAX_LOG_EPISODES of float64
+MAX_LOG_CSV_BYTES = 32 << 20  # one CSV log (monitor.csv) file
 
 _MONITOR_NAME = re.compile(r"^(\d+)\.monitor\.csv$")
 
@@ -113,7 +118,10 @@ def read_episode_log(path):
         files = sorted((int(m.group(1)), f) for f in os.listdir(path) for m in [_MONITOR_NAME.match(f)] if m)
         if not files:
             raise LedgerError("%s: a directory with no N.monitor.csv files; give the episode log file" % path)
-        parts = [_read_csv(os.path.join(path, f)) for _, f in files]
+        parts, total = [], 0
+        for _, f in files:
+            parts.append(_read_csv(os.path.join(path, f), MAX_LOG_EPISODES - total, path))
+            total += len(parts[-1])
         r = np.concatenate([p.r for p in parts])
         l_arr = np.concatenate([p.l for p in parts])
         env = np.concatenate([np.full(len(p), i, dtype=np.int64) for (i, _), p in zip(files, parts)])
@@ -150,60 +158,75 @@ def _read_npz(path):
         for name in ("r", "l", "env"):
             if name in members and members[name].dtype.kind not in "biuf":
                 raise TypeError("%s is %s, not numbers" % (name, members[name].dtype))
+        if members["r"].size > MAX_LOG_EPISODES:
+            raise _too_many(path)
         return EpisodeLog(members["r"], members["l"], members.get("env"), "tap", path)
     except (TypeError, ValueError) as exc:
         raise LedgerError("%s: not a readable episode log (%s)" % (path, exc)) from None
 
 
-def _read_csv(path):
+def _too_many(path):
+    return LedgerError("%s: an episode log of more than %d episodes; a reader accepts at most %d"
+                       % (path, MAX_LOG_EPISODES, MAX_LOG_EPISODES))
+
+
+def _read_csv(path, room=None, whole=None):
+    """One CSV log, read line by line into arrays (8 bytes a value); at most ``room`` episodes (by default
+    MAX_LOG_EPISODES), else a LedgerError naming ``whole`` (the directory it is part of) or the file."""
+    room = MAX_LOG_EPISODES if room is None else room
     fd, size = open_regular(path)
     if size > MAX_LOG_CSV_BYTES:
         os.close(fd)
         raise LedgerError("%s: an episode log of %d MB; a reader accepts at most %d MB of CSV (EpisodeLogTap's .npz "
                           "holds more)" % (path, size >> 20, MAX_LOG_CSV_BYTES >> 20))
+    r, l_arr, env = array.array("d"), array.array("q"), array.array("q")
     try:
         with open(fd, newline="", closefd=True) as f:
-            text = f.read(MAX_LOG_CSV_BYTES + 1)
+            first = 1
+            line = f.readline(MAX_LOG_CSV_BYTES + 1)
+            while line.startswith("#"):
+                first += 1
+                line = f.readline(MAX_LOG_CSV_BYTES + 1)
+            header = next(csv.reader([line]), None) if line.strip() else None
+            if header is None:
+                raise LedgerError("%s: not an episode log (no header line with columns r and l)" % path)
+            header = [h.strip() for h in header]
+            if "r" not in header or "l" not in header:
+                raise LedgerError("%s: not an episode log (its columns are %s; expected r and l, as in monitor.csv, "
+                                  "and env if known)" % (path, ", ".join(header[:8]) or "none"))
+            ir, il = header.index("r"), header.index("l")
+            ie = header.index("env") if "env" in header else None
+            for n, row in enumerate(csv.reader(f), start=first + 1):
+                if not row or not any(x.strip() for x in row):
+                    continue
+                if len(r) >= room:
+                    raise _too_many(whole or path)
+                try:
+                    rv = float(row[ir])
+                    lv = float(row[il])
+                    if lv != int(lv):
+                        raise ValueError
+                    if ie is not None:
+                        ev = float(row[ie])
+                        if ev != int(ev):
+                            raise ValueError
+                        env.append(int(ev))
+                    r.append(rv)
+                    l_arr.append(int(lv))
+                except (ValueError, IndexError, OverflowError):
+                    raise LedgerError("%s: line %d is not a row of the episode log: %r" % (path, n, ",".join(row)[:80])) \
+                        from None
     except UnicodeDecodeError:
         raise LedgerError("%s: not an episode log (neither text nor an .npz)" % path) from None
+    except csv.Error as exc:
+        raise LedgerError("%s: not an episode log (%s)" % (path, exc)) from None
     except OSError as exc:
         raise LedgerError("%s: cannot read the episode log (%s)" % (path, exc.strerror or exc)) from None
-    lines = text.splitlines()
-    first = 0
-    while first < len(lines) and lines[first].startswith("#"):
-        first += 1
-    reader = csv.reader(lines[first:])
-    header = next(reader, None)
-    if header is None:
-        raise LedgerError("%s: not an episode log (no header line with columns r and l)" % path)
-    header = [h.strip() for h in header]
-    if "r" not in header or "l" not in header:
-        raise LedgerError("%s: not an episode log (its columns are %s; expected r and l, as in monitor.csv, "
-                          "and env if known)" % (path, ", ".join(header[:8]) or "none"))
-    ir, il = header.index("r"), header.index("l")
-    ie = header.index("env") if "env" in header else None
-    r, l_arr, env = [], [], []
-    for n, row in enumerate(reader, start=first + 2):
-        if not row or not any(x.strip() for x in row):
-            continue
-        try:
-            r.append(float(row[ir]))
-            lv = float(row[il])
-            if lv != int(lv):
-                raise ValueError
-            l_arr.append(int(lv))
-            if ie is not None:
-                ev = float(row[ie])
-                if ev != int(ev):
-                    raise ValueError
-                env.append(int(ev))
-        except (ValueError, IndexError, OverflowError):
-            raise LedgerError("%s: line %d is not a row of the episode log: %r" % (path, n, ",".join(row)[:80])) \
-                from None
+    r, l_arr = np.frombuffer(r, dtype=np.float64), np.frombuffer(l_arr, dtype=np.int64)
     m = _MONITOR_NAME.match(os.path.basename(path))
     if ie is not None:
-        return EpisodeLog(r, l_arr, env, "csv", path)
+        return EpisodeLog(r, l_arr, np.frombuffer(env, dtype=np.int64), "csv", path)
     kind = "monitor" if "t" in header or path.endswith("monitor.csv") else "csv"
     if m:
-        return EpisodeLog(r, l_arr, [int(m.group(1))] * len(r), kind, path, [int(m.group(1))])
+        return EpisodeLog(r, l_arr, np.full(len(r), int(m.group(1)), dtype=np.int64), kind, path, [int(m.group(1))])
     return EpisodeLog(r, l_arr, None, kind, path)

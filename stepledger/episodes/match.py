@@ -6,12 +6,14 @@ when that order can be derived from the ledgers, else as a multiset of
 ``stepledger.wording``.
 """
 
+import array
+
 import numpy as np
 
 from .. import wording
 from .._report import DifferenceReport
 from ..errors import LedgerError
-from .derive import Earliest, FirstPerEnv, KeepAll, derive, open_env_ledger
+from .derive import Earliest, FirstPerEnv, KeepAll, derive, merge, open_env_ledger, room, thin
 from .logs import as_log
 
 RTOL = 1e-5
@@ -257,8 +259,8 @@ def _max_matching(cols, log, rtol, atol):
         ri, first, last = ri[order], first[order], last[order]
         starts = np.flatnonzero(np.r_[True, (first[1:] != first[:-1]) | (last[1:] != last[:-1])])
         stops = np.r_[starts[1:], ri.size]
-        nxt = list(range(li.size + 1))  # the next free logged return at or after each position
-        for a, b in zip(starts.tolist(), stops.tolist()):
+        nxt = array.array("q", range(li.size + 1))  # the next free logged return at or after each position
+        for a, b in _groups(starts, stops):
             begin, end = int(first[a]), int(last[a])
             while a < b:
                 p = q = begin
@@ -275,10 +277,16 @@ def _max_matching(cols, log, rtol, atol):
     return rec_matched, log_matched, tol
 
 
+def _groups(starts, stops, block=1 << 16):
+    """(start, stop) pairs as Python ints, a block at a time (a list of a million ints is 36 MB)."""
+    for i in range(0, starts.size, block):
+        yield from zip(starts[i:i + block].tolist(), stops[i:i + block].tolist())
+
+
 class Matchable(KeepAll):
     """Keeps the recorded episodes a multiset matching with ``log`` may still pair, as they come.
 
-    Every ``2 * len(log) + slack`` rows, a maximum matching of the rows held
+    When the rows held pass ``room(len(log), slack)``, a maximum matching of them
     is made and the rows it leaves unmatched are dropped, counted per env
     (``dropped``: env -> [count, (end_step, episode, ret, length, tol) of its
     first]). Matchings of a bipartite graph form a matroid: the episodes a
@@ -297,14 +305,15 @@ class Matchable(KeepAll):
     def add(self, rows):
         super().add(rows)
         self.held += int(rows["env"].size)
-        if self.held > 2 * self.k + self.slack:
+        if self.held > room(self.k, self.slack):
             self._trim()
 
     def _trim(self):
-        cols = KeepAll.columns(self)
+        cols = merge(self.parts)
         matched, _, tol = _max_matching(cols, self.log, self.rtol, self.atol)
         self.drop(cols, ~matched, tol)
-        self.parts = {k: [v[matched]] for k, v in cols.items()}
+        del cols, tol
+        thin(self.parts, matched)
         self.held = int(np.count_nonzero(matched))
 
     def drop(self, cols, sel, tol):
