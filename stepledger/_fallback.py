@@ -246,8 +246,9 @@ class StreamBuffer:
         return _due()
 
     def columns(self):
-        """Copies of the recorded columns, keyed by column name."""
-        return {name: arr[: self._size].copy() for name, arr in self._cols.items()}
+        """Copies of the recorded columns, keyed by column name (of one length: the events whole when called)."""
+        n = self._size  # another thread may append meanwhile: rows below n are complete in every column
+        return {name: arr[:n].copy() for name, arr in list(self._cols.items())}
 
     def views(self):
         """Read-only views of the recorded columns, valid until the buffer next changes."""

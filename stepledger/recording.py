@@ -18,7 +18,13 @@ It owns what must survive the process, however the process ends:
   previous handler, or death by SIGTERM). A SIGTERM that arrives during a
   write is acted on when the write is done.
 - SIGKILL leaves the last segments: everything up to one interval before the
-  kill, while the process was stepping.
+  kill. A process that stops recording (a worker waiting for its next action
+  while the trainer updates, a trainer in a long update) is spilled by a daemon
+  thread of its own, a tenth of an interval after the spill its recording
+  thread did not make (``_IdleSpiller``): the events in memory are copied,
+  written to a segment and kept in memory until the recording thread's next
+  spill lets go of them, so that nothing is written twice and the step path
+  takes no lock.
 
 A write that fails (a full disk, a lost mount) warns once, naming the ledger,
 keeps the events in memory and is retried with a growing back-off, so that a
@@ -70,6 +76,58 @@ class _Process:
     writing = 0            # writes under way (a SIGTERM then waits for them)
     pending_signal = None  # a SIGTERM that arrived during a write
     previous_sigterm = None
+
+
+class _IdleSpiller:
+    """This process's daemon thread that spills recordings whose recording thread has gone idle.
+
+    Started at the first event a process records after it has an open
+    recording (the core's deadline is set to now until then, so the first
+    recording call returns True and calls attend()): a process that only builds
+    ledgers, as Gymnasium's AsyncVectorEnv does in the parent for the spaces,
+    starts no thread before it forks. It ends when no recording of the process
+    is open. Threads do not survive fork: a child starts its own.
+    """
+    cond = threading.Condition()
+    running = False
+    failed = False  # could not start a thread (interpreter shutting down): spills stay step-driven
+
+    @classmethod
+    def start(cls):
+        with cls.cond:
+            if cls.running or cls.failed:
+                return
+            try:
+                threading.Thread(target=cls._run, name="stepledger-idle-spill", daemon=True).start()
+            except RuntimeError:
+                cls.failed = True
+                return
+            cls.running = True
+
+    @classmethod
+    def wake(cls):
+        """A recording opened or closed: look at the due times again."""
+        with cls.cond:
+            cls.cond.notify()
+
+    @classmethod
+    def _run(cls):
+        cond = cls.cond
+        while True:
+            with cond:
+                mine = _mine()
+                if not mine:
+                    cls.running = False
+                    return
+                now = time.monotonic()
+                wake = min(rec.idle_due() for rec in mine)
+                if wake > now:
+                    cond.wait(min(wake - now, 60.0))
+                    continue
+            for rec in mine:
+                if now >= rec.idle_due():
+                    rec.idle_spill()
+            _reschedule()
 
 
 def _mine():
@@ -174,7 +232,11 @@ def _hook_process():
 
 def _forget_parent_recordings():
     # A forked child inherits the parent's recordings: never write or spill
-    # them from here, and start this process's memory count afresh.
+    # them from here, and start this process's memory count afresh. The parent's
+    # idle spiller is not running here, and its locks may have been held at the fork.
+    global _LOCK
+    _LOCK = threading.Lock()
+    _IdleSpiller.cond, _IdleSpiller.running = threading.Condition(), False
     for key, rec in list(_OPEN.items()):
         if rec.pid != os.getpid():
             _OPEN.pop(key, None)
@@ -193,6 +255,8 @@ def attend():
 
     Called by the wrappers on their step path; never raises.
     """
+    if not _IdleSpiller.running:
+        _IdleSpiller.start()  # the process's first event: spills go on while it is idle
     now = time.monotonic()
     over = core.memory_in_use() > core.memory_limit()
     mine = _mine()
@@ -208,6 +272,8 @@ def attend():
 
 def spill_everything():
     """Spill every recording of this process now (what attend() does when memory is over)."""
+    if not _IdleSpiller.running:
+        _IdleSpiller.start()
     mine = _mine()
     for rec in mine:
         rec.spill()
@@ -221,6 +287,9 @@ def _reschedule():
     mine = _mine()
     if not mine:
         core.set_deadline(math.inf)
+        return
+    if not _IdleSpiller.running and not _IdleSpiller.failed:
+        core.set_deadline(0.0)  # the next event calls attend(), which starts the idle spiller
         return
     now = time.monotonic()
     backing_off = [rec.retry_at for rec in mine if rec.retry_at > now]
@@ -338,14 +407,26 @@ class ValueStore:
         self.enc_len[field][n] = data.shape[0]
         return int(data.shape[0])
 
-    def segment_values(self):
-        """The kept rows as arrays by member name (views, valid until the store changes)."""
-        out = {name: arr[: self.n] for name, arr in self.arrays.items()}
+    def rows(self, start, stop, copy=False):
+        """Kept rows [start, stop) as arrays by member name: views, valid until the store changes, or copies.
+
+        From another thread than the one appending, with ``stop`` at most the
+        ``n`` read before: rows below ``n`` are never written again, an array
+        that grows is replaced by one that holds them too, and the bytes of a
+        row's encoding are in place before its length is.
+        """
+        take = (lambda a: a.copy()) if copy else (lambda a: a)
+        out = {name: take(arr[start:stop]) for name, arr in list(self.arrays.items())}
         for f in self.fields:
             lengths = self.enc_len[f]
-            out[S.ENCODED_LENGTH_MEMBER.format(field=f)] = (np.zeros(self.n, np.uint32) if lengths is None
-                                                            else lengths[: self.n])
-            out[S.ENCODED_MEMBER.format(field=f)] = self.enc[f][: self.enc_used[f]]
+            if lengths is None:
+                out[S.ENCODED_LENGTH_MEMBER.format(field=f)] = np.zeros(stop - start, np.uint32)
+                out[S.ENCODED_MEMBER.format(field=f)] = np.zeros(0, np.uint8)
+                continue
+            begin = int(lengths[:start].sum(dtype=np.uint64))
+            end = begin + int(lengths[start:stop].sum(dtype=np.uint64))
+            out[S.ENCODED_LENGTH_MEMBER.format(field=f)] = take(lengths[start:stop])
+            out[S.ENCODED_MEMBER.format(field=f)] = take(self.enc[f][begin:end])
         return out
 
     def clear(self):
@@ -401,12 +482,15 @@ class Recording:
         self.closed = False
         self.interval = float(interval)
         self.due = time.monotonic() + self.interval
+        # the idle spiller acts this long after a spill was due and the recording thread did not make it
+        self.grace = min(0.1 * self.interval, 1.0)
         self.retry_at = 0.0
         self._failures = 0
         self._lock = threading.RLock()
         self._thread = threading.get_ident()
         self._segs = []  # _SegmentFile, in order
         self._next_segment = 0
+        self._done = [0] * len(self.stream_ids)  # events of each buffer in segments already (idle spills)
         self._written_events = 0
         self._spilled_events = 0
         self._cleaned = False
@@ -419,6 +503,7 @@ class Recording:
         with _LOCK:
             _OPEN[id(self)] = self
         _hook_process()
+        _IdleSpiller.wake()
         _reschedule()
 
     # ------------------------------------------------------------ claiming the path
@@ -580,17 +665,26 @@ class Recording:
         return meta
 
     def _memory_segment(self):
-        """The events in memory, as views (valid until the buffers change); copies from another thread."""
-        copy = threading.get_ident() != self._thread  # the recording thread may append meanwhile
-        columns, values = {}, {}
+        """The events in memory that no segment holds yet, and where each stream's are cut.
+
+        On the recording thread: views, valid until the buffers change. From
+        another thread the recording thread may append meanwhile: copies, each
+        buffer's made whole in one call of the core (a buffer that grows moves),
+        cut where both its events and its kept values are complete.
+        """
+        other = threading.get_ident() != self._thread
+        columns, values, cuts = {}, {}, []
         for k, (s, buf) in enumerate(zip(self.stream_ids, self.buffers)):
-            views = buf.views()
-            columns[s] = {n: np.array(v) for n, v in views.items()} if copy else views
-            if self.values:
-                store = self.values[k]
-                kept = store.segment_values()
-                values[s] = {name: arr.copy() for name, arr in kept.items()} if copy else kept
-        return Segment(columns, values)
+            done = self._done[k]
+            store = self.values[k] if self.values else None
+            kept = store.n if store is not None else None  # before the events: the rows below it stay as they are
+            cols = buf.columns() if other else buf.views()
+            cut = len(cols["kind"]) if kept is None else min(kept, len(cols["kind"]))
+            columns[s] = {n: v[done:cut] for n, v in cols.items()}
+            if store is not None:
+                values[s] = store.rows(done, cut, copy=other)
+            cuts.append(cut)
+        return Segment(columns, values), cuts
 
     def _value_specs(self):
         specs = [(name, dt, shape) for name, dt, shape, _, _ in self.value_members]
@@ -603,10 +697,10 @@ class Recording:
 
     # ------------------------------------------------------------ periodic work
 
-    def tick(self, now):
+    def tick(self, now, spill=None):
         """Spill now (an interval passed or memory is over); on failure warn once and back off."""
         try:
-            self.spill()
+            (spill or self.spill)()
         except Exception as exc:
             if self._failures == 0:
                 warnings.warn("stepledger: cannot write the ledger %s (%s); its events stay in memory and the "
@@ -620,6 +714,39 @@ class Recording:
                               stacklevel=4)
             self._failures, self.retry_at = 0, 0.0
         self.due = now + self.interval
+
+    def idle_due(self):
+        """When the idle spiller should spill this recording if its recording thread has not."""
+        return max(self.due, self.retry_at) + self.grace
+
+    def idle_spill(self):
+        """From the idle spiller: the recording thread did not spill when it was due (it is not stepping).
+
+        Writes the events in memory that no segment holds, from copies, to a new
+        segment, and keeps them in memory: only the recording thread lets go of
+        events (its next spill writes what came after them), so that an event
+        appended meanwhile is neither lost nor written twice. Never waits for
+        the recording thread: if it is writing, this is left to it.
+        """
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.closed or self.pid != os.getpid():
+                return
+            now = time.monotonic()
+            if now < self.idle_due():
+                return  # spilled meanwhile
+            # Due again one interval on, before the write: a step that comes meanwhile does not wait for it.
+            self.due = now + self.interval
+            self.tick(now, self._spill_copies)
+        finally:
+            self._lock.release()
+
+    def _spill_copies(self):
+        segment, cuts = self._memory_segment()
+        if any(c > d for c, d in zip(cuts, self._done)):
+            self._write_spill(segment)
+            self._done = cuts
 
     def _clean_leftovers(self):
         """Before this recording first writes: remove what killed writers of this path left."""
@@ -654,7 +781,7 @@ class Recording:
             self._remote.wait()
 
     def spill(self):
-        """Write the events in memory to a new spill segment and free them."""
+        """Write the events in memory to a new spill segment and free them (the recording thread only)."""
         with self._lock, _writing():
             if self.closed or self.pid != os.getpid():
                 return
@@ -662,29 +789,34 @@ class Recording:
             if n == 0:
                 self.due = time.monotonic() + self.interval  # nothing new: due again one interval on
                 return
-            self._clean_leftovers()
-            first = not self._segs
-            if first and not self.remote:
-                # An earlier run's pieces, and its final file unless this recording
-                # wrote it: if this process is killed, read() must find this run's
-                # segments, not an older run's ledger. (At a URL the uploader does it.)
-                self._remove_stale_segments()
-                if self._written_events == 0 and os.path.exists(self.path):
-                    os.unlink(self.path)
-            k = self._next_segment
-            path, local = self._write_segment(k, k, [self._memory_segment()],
-                                              before=self._remove_earlier_run if first else None)
-            # Only now, with the segment safely on disk, are the events let go of (and their pages given back).
+            if n > sum(self._done):
+                self._write_spill(self._memory_segment()[0])
+            # Only now, with the events safely on disk, are they let go of (and their pages given back).
             for buf in self.buffers:
                 buf.release()
             if self.values:
                 for store in self.values:
                     store.clear()
-            self._segs.append(_SegmentFile(k, k, 0, path, local))
-            self._next_segment = k + 1
+            self._done = [0] * len(self.buffers)
             self._spilled_events += n
             self.due = time.monotonic() + self.interval
-            self._merge()
+
+    def _write_spill(self, segment):
+        """Write ``segment`` (events no segment holds yet) as the next spill segment, then merge."""
+        self._clean_leftovers()
+        first = not self._segs
+        if first and not self.remote:
+            # An earlier run's pieces, and its final file unless this recording
+            # wrote it: if this process is killed, read() must find this run's
+            # segments, not an older run's ledger. (At a URL the uploader does it.)
+            self._remove_stale_segments()
+            if self._written_events == 0 and os.path.exists(self.path):
+                os.unlink(self.path)
+        k = self._next_segment
+        path, local = self._write_segment(k, k, [segment], before=self._remove_earlier_run if first else None)
+        self._segs.append(_SegmentFile(k, k, 0, path, local))
+        self._next_segment = k + 1
+        self._merge()
 
     def _write_segment(self, first, last, segments, before=None):
         name = segment_name(first)
@@ -784,7 +916,7 @@ class Recording:
             self._clean_leftovers()
             opened = [segment_from_file(s.local) for s in self._segs]
             try:
-                segments = [seg for seg, _ in opened] + [self._memory_segment()]
+                segments = [seg for seg, _ in opened] + [self._memory_segment()[0]]
                 if self.remote:
                     target = self._remote.stage_path("ledger.npz" if wait else "flush-%d.npz" % self._flushes)
                     self._flushes += 1
@@ -861,6 +993,7 @@ class Recording:
                 v.clear()
         with _LOCK:
             _OPEN.pop(id(self), None)
+        _IdleSpiller.wake()
         _reschedule()
 
 

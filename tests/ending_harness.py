@@ -9,11 +9,14 @@ ENDING:
 - no-close: steps, then the script ends without close();
 - exception: steps, then an error escapes the training loop;
 - wait: steps until a signal from outside ends it (Ctrl-C to the process group,
-  SIGTERM to the trainer, SIGKILL to a worker).
+  SIGTERM to the trainer, SIGKILL to a worker);
+- idle: steps for a while, then neither the trainer nor its workers record (the
+  trainer is busy in a long update) until a signal from outside ends it (SIGKILL
+  to every process).
 
 It prints ``ready STEPS PID...`` (vector steps so far and the worker pids) once it
-has stepped for a while, so the test knows when to act, and which processes to
-wait for afterwards.
+has stepped for a while, or ``idle STEPS PID...`` as it stops stepping, so the
+test knows when to act, and which processes to wait for afterwards.
 """
 
 import functools
@@ -93,7 +96,11 @@ def main(harness, ending, directory, steps=400):
     while True:
         step(actions[t % len(actions)])
         t += 1
-        if ending != "wait" and t == steps:
+        if ending not in ("wait", "idle") and t == steps:
+            break
+        if ending == "idle" and t >= steps and time.monotonic() - started > 1.0:
+            print("idle", t, *pids, flush=True)
+            time.sleep(120)  # a long update: nothing is recorded anywhere until the test kills every process
             break
         if ending == "wait" and not announced and t >= steps and time.monotonic() - started > 1.0:
             print("ready", t, *pids, flush=True)

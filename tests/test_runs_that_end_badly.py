@@ -4,7 +4,9 @@ Each case runs a real training script (tests/ending_harness.py) in its own
 process group, on real vector envs, and ends it the way real runs end: close(),
 no close(), an exception, Ctrl-C (SIGINT to the whole process group, as a
 terminal sends it), SIGTERM to the trainer (as a scheduler sends it), SIGKILL to
-one worker. Then every ledger must read, and compare must find no difference.
+one worker, and SIGKILL to every process after they sat idle for several flush
+intervals (the trainer in a long update, its workers waiting for actions). Then
+every ledger must read, and compare must find no difference.
 """
 
 import json
@@ -23,10 +25,11 @@ from stepledger import compare, read
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 HARNESSES = ["async-fork", "async-forkserver", "async-spawn", "sync", "subproc", "dummy"]
-ENDINGS = ["close", "no-close", "exception", "ctrl-c", "sigterm", "sigkill-worker"]
+ENDINGS = ["close", "no-close", "exception", "ctrl-c", "sigterm", "sigkill-worker", "idle-sigkill"]
 MULTIPROCESS = {"async-fork", "async-forkserver", "async-spawn", "subproc"}
 N_ENVS = 2
 TIMEOUT = 60
+IDLE = 5 * H.FLUSH_INTERVAL  # no step anywhere for this long before the kill: spills are due by time alone
 
 
 def _env():
@@ -59,8 +62,8 @@ def _read_line(proc, prefix):
 
 def run_case(directory, harness, ending):
     """Run the script and end it; returns (the trainer's exit code, worker pids, vector steps at 'ready')."""
-    script = "import ending_harness as H; H.main(%r, %r, %r)" % (
-        harness, "wait" if ending in ("ctrl-c", "sigterm", "sigkill-worker") else ending, directory)
+    how = {"ctrl-c": "wait", "sigterm": "wait", "sigkill-worker": "wait", "idle-sigkill": "idle"}.get(ending, ending)
+    script = "import ending_harness as H; H.main(%r, %r, %r)" % (harness, how, directory)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(), start_new_session=True)
     try:
@@ -81,6 +84,10 @@ def run_case(directory, harness, ending):
                     # SB3's SubprocVecEnv waits forever for a dead worker (its siblings hold the pipe
                     # open): the user presses Ctrl-C, as they would
                     os.killpg(proc.pid, signal.SIGINT)
+        elif ending == "idle-sigkill":
+            ready = int(_read_line(proc, "idle")[0])
+            time.sleep(IDLE)
+            os.killpg(proc.pid, signal.SIGKILL)  # the trainer and every worker, none of which can act
         proc.wait(TIMEOUT)
         _wait_gone(workers)
         return proc.returncode, workers, ready
@@ -99,6 +106,8 @@ def test_no_ledger_lost_and_no_false_alarm(tmp_path, harness, ending):
     code, workers, ready = run_case(directory, harness, ending)
     if ending == "sigterm":
         assert code == -signal.SIGTERM  # the trainer still dies of SIGTERM: stepledger changed nothing
+    elif ending == "idle-sigkill":
+        assert code == -signal.SIGKILL
     elif ending in ("close", "no-close"):
         assert code == 0
 
@@ -119,6 +128,11 @@ def test_no_ledger_lost_and_no_false_alarm(tmp_path, harness, ending):
             if ending == "sigkill-worker" and i == N_ENVS - 1:
                 # killed without warning: its last periodic spill, at most about one interval old
                 assert n_env >= ready, (n_env, ready)
+            elif ending == "idle-sigkill":
+                # killed without warning, but idle since more than an interval: every event of either side,
+                # spilled by each process's idle spiller (there was no step to spill them)
+                assert n_env == n_tr and n_tr > ready, (i, n_env, n_tr, ready)
+                assert envs.partial and trainer.partial
             else:
                 # every process could still act: everything is there, up to the one step in flight
                 assert abs(n_env - n_tr) <= 2, (i, n_env, n_tr, states)
@@ -141,7 +155,7 @@ def test_no_ledger_lost_and_no_false_alarm(tmp_path, harness, ending):
     assert cli.returncode == 0, cli.stdout + cli.stderr
     # nothing half-written is left behind once every writer is gone, but for a killed worker's
     left = [n for n in os.listdir(directory) if S.TMP_INFIX in n or n.endswith(S.LOCK_SUFFIX)]
-    if ending != "sigkill-worker":
+    if ending not in ("sigkill-worker", "idle-sigkill"):
         assert left == [], left
 
 
@@ -425,3 +439,238 @@ def test_leftovers_are_listed_then_removed_by_the_next_writer(tmp_path):
     env.step(0)
     env.close()
     assert sorted(os.listdir(d)) == ["env-0.npz", "env-1.npz"]
+
+
+# ---------------------------------------------------------------- spills while a process is idle
+
+import math  # noqa: E402
+
+from stepledger.recording import Recording  # noqa: E402
+
+
+class OddShapeEnv(E.CountEnv):
+    """CountEnv whose observation has another shape than its space's every 7th step (kept as its encoding)."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return (obs[:2] if self.t % 7 == 3 else obs), reward, terminated, truncated, info
+
+
+def _lengths(path):
+    with read(path) as led:
+        assert led.partial
+        return [len(s) for s in led.streams.values()]
+
+
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within %.0f s" % timeout
+        time.sleep(0.01)
+
+
+def _columns_and_values(path, rows):
+    with read(path) as led:
+        return {i: (s.columns, s.values, [s.value_rows("obs", k) for k in range(len(s))] if rows else [])
+                for i, s in led.streams.items()}
+
+
+def test_idle_spills_race_with_steps_and_lose_or_repeat_nothing(tmp_path, monkeypatch):
+    """Steps in bursts with pauses longer than the interval: the idle spiller writes in every pause, and the
+    steps that follow append while it copies and writes. Every ledger ends as one recorded with no spill."""
+    idle_writes = []
+    original = Recording._spill_copies
+
+    def counting(rec):
+        idle_writes.append(rec.path)
+        return original(rec)
+
+    monkeypatch.setattr(Recording, "_spill_copies", counting)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often: the idle spiller copies in the middle of steps
+    try:
+        finals = _record_in_bursts(tmp_path, 1000)
+        assert len(idle_writes) > 20, len(idle_writes)
+        _same_ledgers(finals["idle"], finals["reference"])
+        # and with the idle spiller never waiting for the steps to stop: it copies and writes all the time,
+        # while the steps append (events and kept values), grow the buffers and spill
+        del idle_writes[:]
+        finals = _record_in_bursts(tmp_path / "always", 300, always=True)
+        assert len(idle_writes) > 100, len(idle_writes)
+        _same_ledgers(finals["idle"], finals["reference"])
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def _record_in_bursts(tmp_path, steps, always=False):
+    finals = {}
+    for name, interval in (("idle", 0.02), ("reference", math.inf)):
+        d = str(tmp_path / name)
+        envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
+            [functools.partial(lambda i: LedgerEnv(E.CountEnv(length=5 + i), d, index=i, keep_values=True,
+                                                   flush_interval=interval), i) for i in range(2)]),
+            os.path.join(d, "trainer.npz"), keep_values=True, flush_interval=interval)
+        odd = LedgerEnv(OddShapeEnv(length=9), os.path.join(d, "odd"), index=0, keep_values=True,
+                        flush_interval=interval)
+        if always and name == "idle":
+            for rec in [envs.ledger.recording, odd._recording] + [env._recording for env in envs.env.envs]:
+                rec.grace = -math.inf  # due at once, always
+        envs.reset(seed=0)
+        odd.reset()
+        n_odd = 1
+        pauses = np.random.default_rng(0).uniform(0.0, 0.006, steps)
+        for t in range(steps):
+            envs.step(np.array([t % 3, (t + 1) % 3]))
+            odd.step(t % 3)
+            n_odd += 1
+            if odd.env.unwrapped.t >= 9:
+                odd.reset()
+                n_odd += 1
+            if t % 25 == 24:
+                # idle for about an interval: the idle spiller writes what is in memory, now or as the steps
+                # go on again
+                time.sleep(0.021 + pauses[t])
+            if name == "idle" and t == 599 and not always:
+                # idle: everything so far reaches the disk with no step (an interval and a tenth on, or as soon
+                # as a busy machine runs the thread), read as a partial ledger
+                _wait_for(lambda: _lengths(os.path.join(d, "odd", "env-0.npz")) == [n_odd])
+                _wait_for(lambda: _lengths(os.path.join(d, "trainer.npz")) == [t + 2, t + 2])
+        envs.close()
+        odd.close()
+        finals[name] = {p: _columns_and_values(os.path.join(d, p), rows=p.startswith("odd"))
+                        for p in ("trainer.npz", "env-0.npz", "env-1.npz", "odd/env-0.npz")}
+    return finals
+
+
+def _same_ledgers(got, expected):
+    for p, streams in got.items():
+        ref = expected[p]
+        assert sorted(streams) == sorted(ref)
+        for i in streams:
+            cols, values, rows = streams[i]
+            rcols, rvalues, rrows = ref[i]
+            for name in cols:
+                assert np.array_equal(cols[name], rcols[name]), (p, i, name)
+            assert sorted(values) == sorted(rvalues) and values
+            for name in values:
+                assert np.array_equal(values[name], rvalues[name]), (p, i, name)
+            assert len(rows) == len(rrows)
+            for a, b in zip(rows, rrows):
+                assert (a is None) == (b is None) and (a is None or all(np.array_equal(x, y) for x, y in zip(a, b)))
+    odd_shapes = [r[0].shape for r in got["odd/env-0.npz"][0][2] if r is not None]
+    assert (2,) in odd_shapes and (3,) in odd_shapes  # values of another shape went through the idle spills too
+
+
+_LIFECYCLE = """
+import os, sys, threading, time
+import gymnasium as gym
+import envs_for_tests as E
+from stepledger import LedgerEnv
+
+def spiller():
+    return [t for t in threading.enumerate() if t.name == "stepledger-idle-spill"]
+
+def within(condition, timeout=10.0):  # as soon as the thread has run, however busy the machine
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+d = sys.argv[1]
+built = LedgerEnv(E.CountEnv(), d, index=0, flush_interval=0.05)  # built for its spaces, records nothing
+time.sleep(0.2)
+print("before the first event", len(spiller()))
+env = LedgerEnv(E.CountEnv(), d, index=1, flush_interval=0.05)
+env.reset()
+print("after it", len(spiller()), all(t.daemon for t in spiller()))
+print("idle", within(lambda: os.path.isdir(os.path.join(d, "env-1.npz.spill"))))
+env.close()
+built.close()
+stat = os.stat(os.path.join(d, "env-1.npz"))
+print("after close", within(lambda: not spiller()))
+time.sleep(0.3)
+print("then", sorted(os.listdir(d)), os.stat(os.path.join(d, "env-1.npz")) == stat)
+env = LedgerEnv(E.CountEnv(), d, index=2, flush_interval=0.05)
+env.reset()
+env.step(0)
+print("again", len(spiller()), within(lambda: os.path.isdir(os.path.join(d, "env-2.npz.spill"))))
+"""
+
+
+def test_the_idle_spiller_starts_at_the_first_event_never_writes_after_close_and_lets_the_process_exit(tmp_path):
+    d = str(tmp_path)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _LIFECYCLE, d], capture_output=True, text=True, env=_env(),
+                          timeout=TIMEOUT, cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "before the first event 0",  # a ledger that records nothing starts no thread (Gymnasium's throwaway env)
+        "after it 1 True",
+        "idle True",  # spilled with no step
+        "after close True",  # closed: the thread is gone
+        "then ['env-1.npz'] True",  # and nothing is written after
+        "again 1 True",  # the next recording starts it again
+    ], proc.stdout + proc.stderr
+    assert time.monotonic() - started < TIMEOUT
+    with read(os.path.join(d, "env-2.npz")) as led:  # written at exit, the daemon thread did not hold it up
+        assert len(led.streams[2]) == 2 and led.meta[S.META_STATE] == S.STATE_EXIT
+
+
+_FORK_WHILE_SPILLING = """
+import functools, os, sys, time
+import gymnasium as gym, numpy as np
+import envs_for_tests as E
+from stepledger import LedgerEnv, LedgerVectorEnv
+d = sys.argv[1]
+# the trainer's own LedgerEnv records first: its process has an idle spiller when the workers are forked
+mine = LedgerEnv(E.CountEnv(length=4), os.path.join(d, "own"), index=0, flush_interval=0.3)
+mine.reset()
+n = 1
+for t in range(50):
+    mine.step(0)
+    n += 1
+    if mine.env.unwrapped.t >= 4:
+        mine.reset()
+        n += 1
+time.sleep(0.5)  # the idle spiller runs: it is there at the fork
+venv = gym.vector.AsyncVectorEnv([functools.partial(LedgerEnv, E.CountEnv(length=3 + i), os.path.join(d, "w"),
+                                                    index=i, flush_interval=0.3) for i in range(2)], context="fork")
+envs = LedgerVectorEnv(venv, os.path.join(d, "w", "trainer.npz"), flush_interval=0.3)
+envs.reset(seed=0)
+t0 = time.monotonic()
+while time.monotonic() - t0 < 0.8:
+    envs.step(np.array([0, 1]))
+    mine.step(0)
+    n += 1
+    if mine.env.unwrapped.t >= 4:
+        mine.reset()
+        n += 1
+print("idle", n, os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def _writers(led):
+    """The pids that wrote the files a ledger was read from."""
+    return {p.lf.meta[S.META_PID] for s in led.streams.values() for p in s.pieces}
+
+
+def test_processes_forked_while_the_idle_spiller_runs_spill_their_own_and_only_theirs(tmp_path):
+    d = str(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", _FORK_WHILE_SPILLING, d], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True, cwd=d)
+    try:
+        n, pid = [int(x) for x in _read_line(proc, "idle")]
+        time.sleep(IDLE)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(TIMEOUT)
+    finally:
+        H.reap(proc)
+    with read(os.path.join(d, "own", "env-0.npz")) as led:
+        assert led.partial and len(led.streams[0]) == n
+        assert _writers(led) == {pid}  # no forked worker wrote the parent's ledger
+    with read(os.path.join(d, "w", "trainer.npz")) as trainer, read(os.path.join(d, "w")) as workers:
+        assert [len(s) for s in workers.streams.values()] == [len(s) for s in trainer.streams.values()]
+        assert pid not in _writers(workers) and len(_writers(workers)) == 2
+    report = compare(os.path.join(d, "w"), os.path.join(d, "w", "trainer.npz"))
+    assert report.ok, str(report)
