@@ -133,7 +133,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._rec = core.EventRecorder(buffer, self._obs_layout, self._act_layout, self._dtype == np.float32, keep)
         self._recording, self._buffer = recording, buffer
         self.index, self._index_from, self._started = index, source, True
-        self._started_ns, self._written = time.time_ns(), None  # to notice another writer of the same file
+        self._started_ns = time.time_ns()  # to notice another writer of the same file
         # sent once, with the first event's token, so that the trainer side can refuse other settings at once
         self._settings = settings_message(self._dtype.name, self._obs_layout, self._act_layout) if self.live \
             else None
@@ -308,7 +308,6 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
                 self._recording.claim()
                 self._warn_if_overwriting()
                 self._recording.close()
-                self._note_written()
         finally:
             super().close()
 
@@ -326,11 +325,9 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.index is None:
             return  # a name of its own
         stat = self._file_stat()
-        if stat is not None and stat[1] >= self._started_ns and stat != self._written:
+        # this recording's own writes (flush() from another thread, a SIGTERM) are not another writer's
+        if stat is not None and stat[1] >= self._started_ns and stat != self._recording.written:
             warnings.warn(wording.overwritten_ledger(self.ledger_path, self.index), RuntimeWarning, stacklevel=3)
-
-    def _note_written(self):
-        self._written = self._file_stat()
 
 
 class _FirstEvent:

@@ -492,6 +492,7 @@ class Recording:
         self._next_segment = 0
         self._done = [0] * len(self.stream_ids)  # events of each buffer in segments already (idle spills)
         self._written_events = 0
+        self.written = None  # (inode, mtime in ns) of the final file as this recording last wrote it
         self._spilled_events = 0
         self._cleaned = False
         self._lock_path = None
@@ -936,6 +937,12 @@ class Recording:
                 else:
                     self._remote.upload_segment(target, self.path, remove=True)
             self._written_events = total
+            if not self.remote:
+                try:
+                    st = os.stat(target)
+                    self.written = (st.st_ino, st.st_mtime_ns)
+                except OSError:
+                    pass
             if not self._segs and (not self.remote or wait):
                 # Segments of an earlier run would hold more events than this file
                 # and be read in its place.
