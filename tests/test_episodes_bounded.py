@@ -213,3 +213,16 @@ def test_logs_past_the_episode_limit_are_refused_in_one_line(tmp_path, monkeypat
     np.savez(tmp_path / "big.npz", r=np.ones(1 << 18), l=np.ones(1 << 18, np.int64))  # 2 MB arrays
     with pytest.raises(LedgerError, match=r"big.npz: member r declares \d+ bytes; a reader accepts at most 1048576"):
         L.read_episode_log(str(tmp_path / "big.npz"))
+
+
+def test_cut_episodes_are_counted_all_and_listed_first_only(tmp_path, monkeypatch):
+    # a ledger of resets only after one step each, never an end: every episode is cut off by the next reset
+    monkeypatch.setattr(D, "CUT_LISTED", 4)
+    streams = {e: [(S.KIND_RESET, 0.0, False, False), (S.KIND_STEP, 0.5, False, False)] * (10 + e) for e in range(2)}
+    env_dir = _write(tmp_path, streams)
+    rec = D.recorded_episodes(env_dir, chunk=3)
+    assert {e: v.tolist() for e, v in rec.cut.items()} == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}
+    assert rec.cut_counts == {0: 9, 1: 10}  # each env's last episode is unfinished, not cut
+    report = check_episodes(env_dir, EpisodeLog([], []), match="order")
+    assert report.to_dict()["cut_count"] == {"0": 9, "1": 10}
+    assert wording.cut_episodes(19) in report.lines()

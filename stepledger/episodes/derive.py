@@ -17,6 +17,7 @@ from ..ledgerfile import CHUNK
 from ..read import read
 
 _SHORT_RUN = 64  # episodes up to this long get their float32 sums in lockstep
+CUT_LISTED = 1000  # cut-off episodes listed by number, per env (all are counted)
 
 
 # ---------------------------------------------------------------- the env's episodes
@@ -31,7 +32,8 @@ class RecordedEpisodes:
     many step events the env's stream holds up to and including the episode's
     last step). Also ``unfinished`` (env -> (episode, steps)) for a stream's
     last episode still running when the ledger ended, ``cut`` (env -> list of
-    episode numbers ended by a reset before terminated or truncated, an int64 array),
+    episode numbers ended by a reset before terminated or truncated, an int64 array
+    of each env's first CUT_LISTED; ``cut_counts``, env -> how many in all),
     ``stray_steps`` (env -> steps outside any episode), ``total_steps`` (env ->
     step events) and ``envs`` (every stream's env index).
 
@@ -42,9 +44,11 @@ class RecordedEpisodes:
     of completed episodes.
     """
 
-    def __init__(self, columns, unfinished, cut, stray_steps, total_steps, envs, partial, counts=None, beyond=None):
+    def __init__(self, columns, unfinished, cut, stray_steps, total_steps, envs, partial, counts=None, beyond=None,
+                 cut_counts=None):
         self.columns = columns
         self.unfinished, self.cut, self.stray_steps = unfinished, cut, stray_steps
+        self.cut_counts = {e: len(v) for e, v in cut.items()} if cut_counts is None else dict(cut_counts)
         self.total_steps, self.envs, self.partial = total_steps, envs, partial
         if counts is None:
             found, n = np.unique(columns["env"], return_counts=True)
@@ -265,8 +269,12 @@ def _stream_episodes(stream, reward_dtype, keeper, cut, chunk=CHUNK):
         # segments followed by a reset, still running when it came: cut off
         cut_here = epno[:-1][active0[:-1] & ~ended[:-1]]
         cut_here = cut_here[cut_here >= 0]
-        if cut_here.size:  # arrays, not lists of ints: a ledger of millions of resets stays small
-            cut.setdefault(stream.index, []).append(cut_here)
+        if cut_here.size:  # the first CUT_LISTED of an env listed, every one counted: any ledger stays small
+            listed, n = cut.setdefault(stream.index, [[], 0])
+            have = sum(len(v) for v in listed)
+            if have < CUT_LISTED:
+                listed.append(cut_here[:CUT_LISTED - have])
+            cut[stream.index][1] = n + int(cut_here.size)
 
         lastseg = nseg - 1
         c.ep = int(epno[lastseg])
@@ -319,9 +327,10 @@ def derive(ledger, keeper=None, envs=None, chunk=EPISODE_CHUNK, progress=None):
         if progress is not None:
             progress(k + 1, len(streams))
     columns = keeper.columns()
-    cut = {e: np.concatenate(v) for e, v in cut.items()}
+    cut_counts = {e: n for e, (_, n) in cut.items()}
+    cut = {e: np.concatenate(v) for e, (v, _) in cut.items()}
     return RecordedEpisodes(columns, unfinished, cut, stray, total, sorted(idx for idx, _ in streams), ledger.partial,
-                            {e: n for e, n in counts.items() if n}, keeper.beyond)
+                            {e: n for e, n in counts.items() if n}, keeper.beyond, cut_counts)
 
 
 def recorded_episodes(env_dir, chunk=EPISODE_CHUNK, progress=None):

@@ -78,6 +78,7 @@ class EpisodeReport(DifferenceReport):
         self.n_recorded, self.n_logged = len(recorded), len(log)
         self.unfinished = dict(recorded.unfinished)
         self.cut = {e: np.asarray(v, dtype=np.int64) for e, v in recorded.cut.items()}
+        self.cut_counts = dict(recorded.cut_counts)
         self.stray_steps = {e: n for e, n in recorded.stray_steps.items() if n}
         self.partial = recorded.partial
         self.log_source, self.log_kind = log.source, log.kind
@@ -101,7 +102,7 @@ class EpisodeReport(DifferenceReport):
         running = [n for _, n in self.unfinished.values()]
         if running:
             out.append(wording.unfinished_episodes(running))
-        n_cut = sum(len(v) for v in self.cut.values())
+        n_cut = sum(self.cut_counts.values())
         if n_cut:
             out.append(wording.cut_episodes(n_cut))
         if self.stray_steps:
@@ -122,6 +123,7 @@ class EpisodeReport(DifferenceReport):
             "differences": [d.to_dict() for d in self.differences],
             "unfinished": [{"env": e, "episode": ep, "steps": n} for e, (ep, n) in sorted(self.unfinished.items())],
             "cut": {str(e): np.asarray(v).tolist() for e, v in sorted(self.cut.items())},
+            "cut_count": {str(e): n for e, n in sorted(self.cut_counts.items())},
             "stray_steps": {str(e): n for e, n in sorted(self.stray_steps.items())},
             "partial": self.partial, "log": {"source": self.log_source, "kind": self.log_kind},
             "tolerance": {"rtol": self.rtol, "atol": self.atol},
