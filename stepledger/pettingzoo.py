@@ -173,6 +173,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        _COPIES[:] = [(pid, ref) for pid, ref in _COPIES if ref() is not None]
         _COPIES.append((os.getpid(), weakref.ref(self)))
 
     # ------------------------------------------------------------------ the index
@@ -375,11 +376,14 @@ def _index_worker_copies(slots, strict):
     copies = [c for c in copies if c is not None]
     if first is not None and copies:
         n_agents = len(copies[0]._agents)
-        if strict and len(copies) * n_agents != n_slots:
+        n_copies = n_slots // n_agents
+        if strict and len(copies) < n_copies:
             raise LedgerError("index_supersuit_copies: worker process %d holds %d LedgerParallelEnv copies of %d "
                               "agents for %d vector slots: wrap each copy's raw parallel env in one "
                               "LedgerParallelEnv" % (pid, len(copies), n_agents, n_slots))
-        for k, env in enumerate(copies):
+        # the copies are the last ones loaded: a worker started by spawn or forkserver first loads the env
+        # they are copied from, with SuperSuit's constructor
+        for k, env in enumerate(copies[-n_copies:]):
             if env.index is None or strict:
                 env.set_index(first // n_agents + k)
     elif strict and first is not None:

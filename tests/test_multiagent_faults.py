@@ -4,6 +4,7 @@ located at its env copy, agent, episode, step and field; the streams it never to
 
 import functools
 import os
+import re
 
 import numpy as np
 import pytest
@@ -288,7 +289,7 @@ class SlowExit(BaseParallelWrapper):  # its worker's exit takes 5 s before the l
         return self.env.reset(seed=seed, options=options)
 
 d, ending = sys.argv[1], sys.argv[2]
-env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=4), d, flush_interval=0.2)
+env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=4), d, flush_interval=1.0)
 env = SlowExit(env) if ending == "slow-exit" else env
 venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=2, base_class="gymnasium")
 venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"), flush_interval=0.2)
@@ -296,9 +297,12 @@ venv.reset(seed=0)
 for t in range(20):
     venv.step(np.zeros(6, dtype=np.int64))
     time.sleep(0.03)
+time.sleep(1.1)
+for t in range(4):  # the first of these spills every env's events (its interval is past), the last 3 stay in memory
+    venv.step(np.zeros(6, dtype=np.int64))  # unless an idle spill comes before the kill
 print("ready", *[p.pid for p in venv.venv.procs], flush=True)
 if ending == "slow-exit":
-    venv.venv.graceful_shutdown_timeout = 1  # SuperSuit's default is 10 s
+    venv.venv.graceful_shutdown_timeout = 0  # SuperSuit's default is 10 s: killed at once, before any idle spill
     venv.close()
     print("closed", flush=True)
 """
@@ -357,8 +361,9 @@ def test_a_script_that_ends_without_close_hangs_and_its_ledgers_survive(tmp_path
 def test_supersuit_close_kills_a_worker_still_writing(tmp_path):
     """What no mechanism catches: SuperSuit's close() SIGKILLs every worker still alive graceful_shutdown_timeout
     seconds (10 by default) after it sent ("close", None). A worker whose exit takes longer (here a 5 s exit
-    handler of the env's; in real runs a large final write or an upload at exit) loses what it had not spilled:
-    its copies' ledgers are read from their spill segments, and compare says how far they go."""
+    handler of the env's, and a timeout of 0; in real runs a large final write or an upload at exit) never writes
+    its final files: its copies' ledgers are read from their spill segments, which lack what had not been spilled
+    yet, and compare says how far they go."""
     import subprocess
 
     from stepledger import compare
@@ -376,5 +381,48 @@ def test_supersuit_close_kills_a_worker_still_writing(tmp_path):
     report = compare(str(tmp_path), str(tmp_path / "trainer.npz"))
     assert report.ok, str(report)  # what both sides have agrees: a run that ended badly, not a boundary fault
     text = str(report)
-    assert "the env ledger was not closed (its process is gone)" in text, text
+    lost = re.findall(r"^env (\d): records end at different points \(the env side stopped (\d+) events before the "
+                      r"other's end; the env ledger was not closed \(its process is gone\)\)", text, re.M)
+    # what a copy lost is what it had not spilled when it was killed (the spills' timing says how much)
+    assert len(text.splitlines()) == 2 + len(lost), text
     assert "env-0.npz, env-1.npz" in text and "not closed (its process is gone)" in text.splitlines()[-1], text
+
+
+START_SCRIPT = r"""
+import multiprocessing, os, sys
+import numpy as np, supersuit as ss
+from mpe2 import simple_spread_v3
+from stepledger.pettingzoo import LedgerParallelEnv, LedgerSuperSuitVecEnv
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[2])
+    d = sys.argv[1]
+    env = LedgerParallelEnv(simple_spread_v3.parallel_env(max_cycles=4), d)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 3, num_cpus=2, base_class="gymnasium")
+    try:
+        venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"))
+        venv.reset(seed=0)
+        for _ in range(6):
+            venv.step(np.zeros(9, dtype=np.int64))
+    finally:
+        venv.close()
+"""
+
+
+def test_workers_started_without_fork_index_their_own_copies(tmp_path, method="forkserver"):
+    """A worker started by forkserver (Python 3.14's default on Linux; spawn alike) first loads the env the copies
+    are made from, with SuperSuit's constructor: its copies are the ones loaded after it, and get 0, 1 and 2."""
+    import subprocess
+    import sys
+
+    from stepledger import compare
+    script = tmp_path / "run.py"
+    script.write_text(START_SCRIPT)
+    d = tmp_path / "ledger"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(script), str(d), method], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for c in range(3):
+        with read(str(d / ("env-%d.npz" % c))) as led:
+            assert sorted(led.streams) == [3 * c, 3 * c + 1, 3 * c + 2]
+    assert compare(str(d), str(d / "trainer.npz")).ok
