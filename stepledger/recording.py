@@ -261,6 +261,8 @@ def attend():
     over = core.memory_in_use() > core.memory_limit()
     mine = _mine()
     for rec in mine:
+        if rec.failing():
+            continue  # its write failed: the idle spiller tries again, with a back-off, never a step
         if now >= rec.retry_at and (over or now >= rec.due):
             rec.tick(now)
     if core.memory_in_use() > core.memory_limit():
@@ -292,8 +294,9 @@ def _reschedule():
         core.set_deadline(0.0)  # the next event calls attend(), which starts the idle spiller
         return
     now = time.monotonic()
-    backing_off = [rec.retry_at for rec in mine if rec.retry_at > now]
-    core.set_deadline(min(max(rec.due, rec.retry_at) for rec in mine), hold=bool(backing_off))
+    backing_off = any(rec.retry_at > now or rec.failing() for rec in mine)
+    due = [max(rec.due, rec.retry_at) for rec in mine if not rec.failing()]
+    core.set_deadline(min(due, default=math.inf), hold=backing_off)
 
 
 def open_recording(path):
@@ -553,8 +556,8 @@ class Recording:
                     pass
                 continue
             except OSError as exc:
-                raise LedgerError("%s: cannot write in %s (%s)" % (self.owner, os.path.dirname(os.path.abspath(
-                    self.path)) or ".", exc.strerror or exc)) from None
+                raise LedgerError("%s: cannot write the ledger %s (%s)" % (self.owner, self.path,
+                                                                         exc.strerror or exc)) from None
             finally:
                 try:
                     os.unlink(tmp)
@@ -715,6 +718,10 @@ class Recording:
                               stacklevel=4)
             self._failures, self.retry_at = 0, 0.0
         self.due = now + self.interval
+
+    def failing(self):
+        """Its last write failed, and the idle spiller retries it (off the step path)."""
+        return self._failures > 0 and _IdleSpiller.running
 
     def idle_due(self):
         """When the idle spiller should spill this recording if its recording thread has not."""
@@ -896,6 +903,11 @@ class Recording:
         for old in glob.glob(os.path.join(glob.escape(spill_dir(self.path)), "seg-*")):  # also writes cut short
             if old not in mine:
                 _remove(old, False)
+        if not mine:
+            try:
+                os.rmdir(spill_dir(self.path))  # an earlier run's, empty now
+            except OSError:
+                pass
 
     # ------------------------------------------------------------ the final file
 
