@@ -45,12 +45,17 @@ def measure(env_id, envs, block, rounds, directory):
     import stepledger.rllib
     plain = _config(env_id, envs, block).build_algo()
     ledgered = stepledger.rllib.instrument(_config(env_id, envs, block), directory).build_algo()
-    recorder = ledgered._stepledger_recorder
+    # the trainer side: the local learner's recorder (the first piece of its learner connector), with the
+    # offsets the driver works out for each block of episodes it hands the learner group
+    recorder, positions = ledgered.learner_group._learner._stepledger_tap.recorder, ledgered._stepledger_positions
+
+    def record(episodes):
+        recorder.record(episodes, positions.of(episodes))
     rates = {"plain": [], "ledgers": []}
     record_s, events = [], 0
     try:
         plain.env_runner.sample(num_timesteps=block, explore=True)  # warm up: first reset, forward passes
-        recorder.record(ledgered.env_runner.sample(num_timesteps=block, explore=True))
+        record(ledgered.env_runner.sample(num_timesteps=block, explore=True))
         for _ in range(rounds):
             for name, algo in (("plain", plain), ("ledgers", ledgered)):
                 t0 = time.perf_counter()
@@ -60,7 +65,7 @@ def measure(env_id, envs, block, rounds, directory):
                 rates[name].append(steps / dt)
                 if name == "ledgers":
                     t0 = time.perf_counter()
-                    recorder.record(episodes)
+                    record(episodes)
                     record_s.append(time.perf_counter() - t0)
                     events += steps
         iteration_s = []

@@ -124,8 +124,12 @@ META_POSITION = "position"  # env side: its position in the trainer's vector env
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
 META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-agent env ledger
+# trainer side, a recorder that sees slices of its envs' streams (one of several learners): {"i": [[offset,
+# row], ...]}, each pair saying that stream i's rows from ``row`` on are the env's events from ``offset`` on
+# (an event's offset: its place in the env's whole stream); compare stitches an env's slices by them
+META_FRAGMENTS = "fragments"
 PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
-                 META_POSITION, META_SEGMENT, META_THROUGH)
+                 META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS)
 
 # How a recording had ended when a file of it was written (META_STATE).
 STATE_OPEN = "open"                # still recording: written by a periodic spill, flush() or a merge

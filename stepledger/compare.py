@@ -18,7 +18,7 @@ from . import wording
 from ._report import DifferenceReport
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK
-from .read import FIRST_EVENTS, MergedLedger, env_index_of, pid_state, read, read_ledger, read_trainers
+from .read import FIRST_EVENTS, MergedLedger, env_index_of, fragments_of, pid_state, read, read_ledger, read_trainers
 from .spaces import is_variable_description, leaf_names
 from .wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
 
@@ -609,12 +609,14 @@ def _check_trainers(named):
         found = wording.differing_setting(meta, first)
         if found is not None:
             raise LedgerError(wording.different_trainer_settings(name, first_name, *found))
-    holders = {}
+    holders, sliced = {}, {}
     for name, led in named:
         for idx, stream in led.streams.items():
             if len(stream):  # a stream with no events is not the env's record
                 holders.setdefault(idx, []).append(name)
-    clash = sorted(i for i, names in holders.items() if len(names) > 1)
+                sliced.setdefault(idx, []).append(fragments_of(name, stream) is not None)
+    # an env may be in several files where each holds slices of it, with their offsets (read.stitch)
+    clash = sorted(i for i, names in holders.items() if len(names) > 1 and not all(sliced[i]))
     if clash:
         raise LedgerError(wording.env_in_several_trainer_files(clash[0], holders[clash[0]], len(clash) - 1))
 
@@ -631,11 +633,12 @@ def read_trainer_side(trainer_files):
             if all(led is not other for _, other in named_now):
                 led.close()
         _check_trainers(named_now)
+        merged = MergedLedger(_spec_text(trainer_files), named_now)
     except BaseException:
         for _, led in named:
             led.close()
         raise
-    return MergedLedger(_spec_text(trainer_files), named_now), passed + earlier
+    return merged, passed + earlier + merged.lines
 
 
 def compare(env_dir, trainer_file, count_all=False, progress=None):
@@ -672,7 +675,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         def accept(meta, name):
             idx = env_index_of(name)
             metas = [led.meta for n, led in tr_ledger.named if idx is None or idx not in tr_ledger.source
-                     or n == tr_ledger.source[idx]]
+                     or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
         env_ledger = read_ledger(env_dir, accept)

@@ -649,17 +649,86 @@ def read_trainers(spec):
     return named, passed
 
 
+def fragments_of(name, stream):
+    """[(offset, row), ...] of a trainer stream that holds slices of its env's stream (META_FRAGMENTS), or None."""
+    found = stream.meta.get(S.META_FRAGMENTS)
+    pairs = found.get(str(stream.index)) if isinstance(found, dict) else None
+    if pairs is None:
+        return None
+    ok = isinstance(pairs, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and v >= 0 for v in p) for p in pairs)
+    if not ok or [p[1] for p in pairs] != sorted(p[1] for p in pairs):
+        raise LedgerError("%s: the fragments of env %d in its meta are damaged (%s)" % (name, stream.index,
+                                                                                       json.dumps(pairs)[:80]))
+    return [tuple(p) for p in pairs]
+
+
+def _rows_of(stream, start, stop):
+    """The pieces of rows [start, stop) of a stream."""
+    out, at = [], 0
+    for p in stream.pieces:
+        n = p.stop - p.start
+        lo, hi = max(start, at), min(stop, at + n)
+        if lo < hi:
+            out.append(_Piece(p.lf, p.start + lo - at, p.start + hi - at))
+        at += n
+    return out
+
+
+def stitch(idx, parts):
+    """One env's trainer stream from the slices of it that several trainer files hold: (Stream, lines).
+
+    ``parts`` is [(file name, Stream)], each stream with its fragments (``fragments_of``). The slices are
+    put in the order of their offsets. Where they do not tile the env's stream, a line names the env, the
+    files and the events: a gap (events no file holds) or an overlap (events two files hold). Where every
+    file holding the env was closed cleanly, the slices stay as the learners had them, so compare reports the
+    difference that makes at its event; where one was not (a learner killed), the stream ends at the gap.
+    """
+    slices = []
+    for name, stream in parts:
+        pairs = fragments_of(name, stream) or [(0, 0)]
+        n = len(stream)
+        for k, (offset, row) in enumerate(pairs):
+            stop = min(pairs[k + 1][1] if k + 1 < len(pairs) else n, n)
+            if row < stop:
+                slices.append((offset, stop - row, name, _rows_of(stream, row, stop)))
+    slices.sort(key=lambda x: (x[0], x[1]))
+    closed = all(s.meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED for _, s in parts)
+    pieces, lines, at, before = [], [], 0, None
+    for offset, count, name, ps in slices:
+        if offset > at:
+            lines.append(wording.slices_do_not_tile(idx, at, offset - 1, before, name, True))
+            if not closed:
+                break
+        elif offset < at:
+            lines.append(wording.slices_do_not_tile(idx, offset, min(at, offset + count) - 1, before, name, False))
+        pieces += ps
+        at, before = max(at, offset + count), name
+    meta = next((s.meta for _, s in parts if s.meta.get(S.META_STATE, S.STATE_CLOSED) != S.STATE_CLOSED),
+                parts[0][1].meta)
+    return Stream(idx, pieces, meta), lines
+
+
 class MergedLedger(Ledger):
-    """Several trainer ledgers read as one: each stream from the file that holds it (``source[env]``)."""
+    """Several trainer ledgers read as one: each stream from the file that holds it (``source[env]``), or
+    stitched from the slices several files hold (``stitch``; its lines in ``lines``)."""
 
     def __init__(self, path, named):
         first = named[0][1]
-        streams, source, files = {}, {}, []
+        streams, source, files, sliced = {}, {}, [], {}
         for name, led in named:
             files += led._files
             for idx, stream in led.streams.items():
+                if len(stream) and fragments_of(name, stream) is not None:
+                    sliced.setdefault(idx, []).append((name, stream))
                 if idx not in streams or (len(stream) and not len(streams[idx])):
                     streams[idx], source[idx] = stream, name
+        self.lines = []
+        self.holders = {idx: [name] for idx, name in source.items()}  # env -> the files holding its stream
+        for idx, parts in sorted(sliced.items()):
+            streams[idx], lines = stitch(idx, parts)
+            source[idx], self.holders[idx] = parts[0][0], [name for name, _ in parts]
+            self.lines += lines
         super().__init__(path, first.meta, dict(sorted(streams.items())), any(led.partial for _, led in named),
                          files)
         self.named = named

@@ -6,7 +6,7 @@
     >>> config = stepledger.rllib.instrument(config, "s3://bucket/run-17")  # or a local or shared directory
     >>> algo = config.build_algo(); algo.train(); algo.stop()
 
-then ``stepledger compare s3://bucket/run-17 s3://bucket/run-17/trainer.npz``.
+then ``stepledger compare s3://bucket/run-17 s3://bucket/run-17`` (the trainer files are there too).
 
 Where each side is recorded (the new API stack: env runners, episodes, learners):
 
@@ -19,12 +19,16 @@ Where each side is recorded (the new API stack: env runners, episodes, learners)
   local runner when there are no remote runners. Ledgers spill every
   ``flush_interval`` seconds, at a cost proportional to what is new, and are
   closed by ``algo.stop()``; a killed cluster leaves them up to the last spill.
-- **The trainer side.** With the learner placement (PPO's): what the learners
-  train on, the episodes that crossed the object store from the env runners,
-  as the learner group is handed them, before its sharding across learners and
-  before any learner connector (PPO's ``AddOneTsToEpisodesAndTruncate`` renames
-  ``id_`` and adds a step); ``PATH/trainer.npz``, written by the algorithm's
-  process. With the runner placement (the other algorithms', whose learners
+- **The trainer side.** With the learner placement (PPO's): what each learner
+  trains on, the episodes (with several learners, the slices of them RLlib
+  gave it) that crossed the object store, recorded by the first piece of its
+  learner connector, before any other (PPO's ``AddOneTsToEpisodesAndTruncate``
+  renames ``id_`` and adds a step). Each learner writes its own file:
+  ``PATH/trainer.npz`` with one learner, ``PATH/trainer-learner-K.npz`` with
+  several, each slice with its offset in its env's stream (the algorithm's
+  process works them out from the episodes it hands the learner group), so
+  that compare stitches an env's slices from several files. With the runner
+  placement (the other algorithms', whose learners
   train on replayed or aggregated data): the episodes each runner returns from
   ``sample()``, before they cross; ``PATH/trainer-runner-N.npz`` per runner.
   Chunks of one env across ``sample()`` calls are stitched by the env index
@@ -53,7 +57,8 @@ from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault
 from .recording import attend
 
 TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
-TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger
+TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger, with one learner
+LEARNER_FILE = "trainer-learner-%d.npz"    # with several: each learner's (K: its place in the learner group)
 RUNNER_FILE = "trainer-runner-%d.npz"      # the runner placement's, one per env runner (its first env index)
 PLACEMENTS = ("auto", "learner", "runner")
 ALLOCATOR = "stepledger-indices-%s"  # a named actor handing out indices to recreated runners
@@ -244,6 +249,7 @@ class EpisodeRecorder:
         self.next_t = {}  # env -> the t the next chunk of that env must start at
         self.untagged = 0
         self.beyond = set()  # indices past num_envs: runners recreated more often than indices were kept for
+        self.fragments, self.rows, self.end = {}, {}, {}  # a learner's: env -> [(offset, row)], rows, offset past
 
     def _open(self, episode):
         from .trainer import TrainerLedger
@@ -251,9 +257,15 @@ class EpisodeRecorder:
                                     reward_dtype=self.reward_dtype, keep_values=self.keep_values,
                                     flush_interval=self.flush_interval)
 
-    def record(self, episodes):
+    def record(self, episodes, positions=None):
+        """Record episodes (chunks, slices). With ``positions`` (a learner's: ``EpisodePositions.of``), each
+        episode's env and the offset of its reset in its env's stream come from there, by its ``id_`` (a
+        slice has no ``custom_data``), and each slice's offset goes into the ledger (``set_fragments``)."""
         for ep in episodes:
-            env = ep.custom_data.get(TAG) if hasattr(ep, "custom_data") else None
+            if positions is not None:
+                env, base = positions.get(ep.id_, (None, None))
+            else:
+                env = ep.custom_data.get(TAG) if hasattr(ep, "custom_data") else None
             if env is None:
                 self.untagged += 1
                 continue
@@ -268,9 +280,11 @@ class EpisodeRecorder:
                 self._open(ep)
             m = len(ep)
             obs = ep.get_observations()  # m + 1 of them, without the lookback buffer
+            if positions is not None:
+                self._at(env, base + (0 if ep.t_started == 0 else 1 + ep.t_started), m + (ep.t_started == 0))
             if ep.t_started == 0:
                 self.ledger.env_reset(env, _row(obs, 0))
-            elif self.next_t.get(env) != ep.t_started:
+            elif positions is None and self.next_t.get(env) != ep.t_started:
                 warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at %s: "
                               "the steps between never reached the learner" % (env, ep.t_started, self.next_t.get(env)),
                               RuntimeWarning, stacklevel=2)
@@ -281,13 +295,25 @@ class EpisodeRecorder:
             self.ledger.env_steps(env, actions, _rows(obs, 1), np.asarray(ep.get_rewards()),
                                   _flags(m, ep.is_terminated), _flags(m, ep.is_truncated))
 
-    def record_resets(self, resets):
+    def _at(self, env, offset, n):
+        """The next n events of env are at ``offset`` of its stream: a new fragment where they do not follow
+        this ledger's last ones of that env (given before the events, so that a spill never has more)."""
+        if self.end.get(env) != offset:
+            self.fragments.setdefault(env, []).append((offset, self.rows.get(env, 0)))
+            self.ledger.set_fragments(self.fragments)
+        self.rows[env] = self.rows.get(env, 0) + n
+        self.end[env] = offset + n
+
+    def record_resets(self, resets, offsets=None):
         """Resets a runner did after its last ``sample()`` returned: an episode just reset has no step yet and
-        is not returned (its reset obs starts the next chunk). At the end of a run they would never come."""
-        for env, ep in resets:
+        is not returned (its reset obs starts the next chunk). At the end of a run they would never come.
+        ``offsets`` (a learner's) gives each reset's offset in its env's stream."""
+        for k, (env, ep) in enumerate(resets):
             if self.ledger is None:
                 self._open(ep)
             if 0 <= env < self.num_envs:
+                if offsets is not None:
+                    self._at(env, offsets[k], 1)
                 self.ledger.env_reset(env, _row(ep.get_observations(), 0))
                 self.next_t[env] = 0
 
@@ -340,16 +366,24 @@ def _hook_algorithm(settings, algorithm, **_):
         total += restarts * n * runners
     if settings["placement"] != "learner":
         return
-    recorder = EpisodeRecorder(storage.join(settings["path"], TRAINER_FILE), total, config,
-                               reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
-                               flush_interval=settings["flush_interval"])
-    algorithm._stepledger_recorder = recorder
     group = algorithm.learner_group
+    # each learner records its own shard into its own file: trainer.npz for one learner, else
+    # trainer-learner-K.npz; with several, RLlib slices episodes across them, and compare stitches an env's
+    # slices by their offsets in its stream, which the driver works out from the episodes it hands the group
+    learners = [r.actor_id for r in group.foreach_learner(_learner_token)]
+    for k, actor in enumerate(learners):
+        name = TRAINER_FILE if len(learners) == 1 else LEARNER_FILE % k
+        group.foreach_learner(_install_tap, remote_actor_ids=None if group.is_local else [actor],
+                              path=storage.join(settings["path"], name), num_envs=total,
+                              options=dict(reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
+                                           flush_interval=settings["flush_interval"]))
+    positions = EpisodePositions()
+    algorithm._stepledger_positions = positions
     update, stop = group.update, algorithm.stop
 
     @functools.wraps(update)
     def recording_update(*args, **kwargs):
-        recorder.record(_training_episodes(kwargs))
+        group.foreach_learner(_set_positions, positions=positions.of(_training_episodes(kwargs)))
         return update(*args, **kwargs)
 
     @functools.wraps(stop)
@@ -359,16 +393,112 @@ def _hook_algorithm(settings, algorithm, **_):
                 runners = algorithm.env_runner_group
                 resets = runners.foreach_env_runner(pending_resets, local_env_runner=runners.local_env_runner
                                                     is not None and runners.local_env_runner.env is not None)
-                recorder.record_resets([pair for part in resets for pair in part])
-            except Exception as exc:  # a runner already gone: its last resets stay unrecorded
-                warnings.warn("stepledger.rllib: could not ask the env runners for their last resets: %s" % exc,
+                resets = [pair for part in resets for pair in part]
+                group.foreach_learner(_record_resets, remote_actor_ids=None if group.is_local else learners[:1],
+                                      resets=resets, offsets=positions.resets(resets))
+            except Exception as exc:  # a runner or learner already gone: its last resets stay unrecorded
+                warnings.warn("stepledger.rllib: could not record the env runners' last resets: %s" % exc,
+                              RuntimeWarning, stacklevel=2)
+            try:
+                group.foreach_learner(_close_tap)
+            except Exception as exc:  # a learner already gone: its ledger ends at its last spill
+                warnings.warn("stepledger.rllib: could not close the learners' trainer ledgers: %s" % exc,
                               RuntimeWarning, stacklevel=2)
             return stop(*args, **kwargs)
         finally:
-            recorder.close()
+            if group.is_local:
+                _close_tap(group._learner)
 
     group.update = recording_update
     algorithm.stop = stop_and_close
+
+
+class EpisodePositions:
+    """Where the events of the episodes the learner group is handed stand in their envs' streams (the driver's
+    view: tagged episodes, each env's chunks in order): ``of(episodes)`` maps each one's ``id_`` to (its env,
+    the offset of its reset), which survive RLlib's slicing of episodes across learners (``custom_data`` does
+    not). An env's stream: a reset, the episode's steps, the next reset..."""
+
+    def __init__(self):
+        self.base = {}  # id_ of an episode not yet done -> (env, offset of its reset)
+        self.end = {}   # env -> the offset past its last event handed to the learners
+
+    def of(self, episodes):
+        out = {}
+        for ep in episodes:
+            env = ep.custom_data.get(TAG)
+            if env is None:
+                continue
+            t = ep.t_started
+            if t == 0:
+                base = self.end.get(env, 0)
+            else:
+                known = self.base.get(ep.id_)
+                base = known[1] if known is not None else self.end.get(env, 0) - 1 - t
+                if base + 1 + t != self.end.get(env):
+                    warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at "
+                                  "event %s of its stream, not %d: the events between never reached the learner"
+                                  % (env, t, self.end.get(env), base + 1 + t), RuntimeWarning, stacklevel=2)
+            out[ep.id_] = (env, base)
+            self.end[env] = base + 1 + t + len(ep)
+            if ep.is_done:
+                self.base.pop(ep.id_, None)
+            else:
+                self.base[ep.id_] = (env, base)
+        return out
+
+    def resets(self, resets):
+        """The offsets of the resets (env, episode) that no chunk brought (``pending_resets``)."""
+        out = []
+        for env, ep in resets:
+            out.append(self.end.get(env, 0))
+            self.end[env] = out[-1] + 1
+        return out
+
+
+def _learner_token(learner):
+    return None
+
+
+def _tap_class():
+    from ray.rllib.connectors.connector_v2 import ConnectorV2
+
+    class StepledgerLearnerTap(ConnectorV2):
+        """The first piece of a learner's connector pipeline: records the learner's shard of episodes (slices
+        of them with several learners) as handed to it, before any other piece changes them."""
+
+        def __init__(self, recorder):
+            super().__init__()
+            self.recorder, self.positions = recorder, {}
+
+        def __call__(self, *, rl_module, batch, episodes, **kwargs):
+            self.recorder.record(episodes, self.positions)
+            attend()
+            return batch
+
+    return StepledgerLearnerTap
+
+
+def _install_tap(learner, path, num_envs, options):
+    """In the learner's process: its recorder, as the first piece of its learner connector (before PPO's
+    AddOneTsToEpisodesAndTruncate, which adds a step and renames ``id_``)."""
+    tap = _tap_class()(EpisodeRecorder(path, num_envs, learner.config, **options))
+    learner._learner_connector.prepend(tap)
+    learner._stepledger_tap = tap
+
+
+def _set_positions(learner, positions):
+    learner._stepledger_tap.positions = positions
+
+
+def _record_resets(learner, resets, offsets):
+    learner._stepledger_tap.recorder.record_resets(resets, offsets)
+
+
+def _close_tap(learner):
+    tap = getattr(learner, "_stepledger_tap", None)
+    if tap is not None:
+        tap.recorder.close()
 
 
 # ---------------------------------------------------------------- the one call
@@ -391,9 +521,10 @@ def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_
 
     Args:
         config: an ``AlgorithmConfig`` of the new API stack (env runners and learners), single agent.
-        path: where the ledgers go: ``env-N.npz`` for each sub-env, ``trainer.npz`` (or, with the runner
-            placement, ``trainer-runner-N.npz`` for each env runner).
-        placement: where the trainer side records: ``"learner"``, what the learner group is handed (after
+        path: where the ledgers go: ``env-N.npz`` for each sub-env, ``trainer.npz`` (with several learners
+            ``trainer-learner-K.npz`` for each; with the runner placement ``trainer-runner-N.npz`` for each
+            env runner).
+        placement: where the trainer side records: ``"learner"``, what each learner is handed (after
             the object store); ``"runner"``, the episodes each env runner returns (``on_sample_end``, before
             they cross); ``"auto"`` (default): ``"learner"`` for PPO, whose learners train on the episodes
             just sampled, ``"runner"`` for the others (a replay buffer or an aggregator stands between the

@@ -319,6 +319,16 @@ class TrainerLedger:
                 over |= store.append(orows[k], arows[k])
         self._after(over)
 
+    def set_fragments(self, fragments):
+        """For a recorder that sees slices of its envs' streams, as each of several learners does:
+        ``fragments[i]`` is a list of (offset, row) pairs, each saying that stream i's events from its row
+        ``row`` on are the env's events from ``offset`` on (an event's place in the env's whole stream, as
+        its env ledger has it). compare stitches each env's slices from several trainer files by them, in
+        offset order (docs/INDICES.md). Give the pair of a slice before its events."""
+        if self.recording is not None:
+            self.recording.extra_meta[S.META_FRAGMENTS] = {
+                str(int(i)): [[int(o), int(r)] for o, r in pairs] for i, pairs in fragments.items()}
+
     # ------------------------------------------------------------------ the live check
 
     @property

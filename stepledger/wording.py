@@ -790,6 +790,17 @@ def env_in_several_trainer_files(env, names, more=0):
             % (env, _and(names), " and so do %d more envs" % more if more else ""))
 
 
+def slices_do_not_tile(env, first, last, before, name, gap):
+    """Events ``first`` to ``last`` of one env's stream, which several trainer files hold in slices, are in
+    none of them (``gap``) or in two (read.stitch): ``before`` holds the slice before, ``name`` the next."""
+    if gap:
+        where = "the slice before them is in %s" % before if before is not None else "no slice before them"
+        return ("env %d: its events %d to %d are in no trainer file (%s; the next, from event %d, is in %s): they "
+                "never reached a learner" % (env, first, last, where, last + 1, name))
+    return ("env %d: its events %d to %d are in two trainer files (%s and %s): a learner got them twice"
+            % (env, first, last, before, name))
+
+
 def different_trainer_settings(name, first, what, text, first_text):
     return ("%s was recorded with another %s than %s (%s, not %s): the trainer files of one run record alike"
             % (name, SETTING_NAMES.get(what, what), first, text, first_text))

@@ -5,9 +5,10 @@ timeout and a run can be killed).
 
 SPEC keys: path (the ledgers), env ("CartPole-v1" | "Pendulum-v1"), runners, envs (per runner), learners,
 iterations, batch (train_batch_size_per_learner), end ("stop": algo.stop() then ray.shutdown(); "shutdown":
-ray.shutdown() alone, which kills the runners' actors with no close()), flush_interval,
+ray.shutdown() alone, which kills the runners' actors with no close(); "kill": print "trained N" after each
+iteration and train on, until the test SIGKILLs this process), vectorize ("sync" | "async"), flush_interval,
 evaluation (evaluation runners, 0: none), recreate (SIGKILL that runner's process after the iterations and train on until RLlib has it back),
-fault (a dict for stepledger.rllib.inject), algo ("PPO" or "DQN"), placement, seed. It prints one JSON line: a list of what each run did.
+fault (a dict for stepledger.rllib.inject) or faults (a list of them), algo ("PPO" or "DQN"), placement, seed. It prints one JSON line: a list of what each run did.
 """
 
 import json
@@ -38,7 +39,8 @@ def config_for(spec):
     config = (PPOConfig()
               .environment(spec.get("env", "CartPole-v1"))
               .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs,
-                           num_cpus_per_env_runner=0.25 if runners else 1)
+                           num_cpus_per_env_runner=0.25 if runners else 1,
+                           gym_env_vectorize_mode=spec.get("vectorize", "sync"))
               .learners(num_learners=learners, num_cpus_per_learner=0.25 if learners else 1)
               .training(train_batch_size_per_learner=batch, minibatch_size=min(batch, 100), num_epochs=1)
               .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))
@@ -57,8 +59,8 @@ def run_one(spec):
     config = config_for(spec)
     config = stepledger.rllib.instrument(config, spec["path"], flush_interval=spec.get("flush_interval"),
                                          placement=spec.get("placement", "auto"))
-    if spec.get("fault"):
-        config = stepledger.rllib.inject(config, **spec["fault"])
+    for fault in spec.get("faults") or ([spec["fault"]] if spec.get("fault") else []):
+        config = stepledger.rllib.inject(config, **fault)
     algo = config.build_algo()
     pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
                                                           local_env_runner=False))
@@ -66,6 +68,11 @@ def run_one(spec):
     for _ in range(spec.get("iterations", 1)):
         result = algo.train()
         out["iterations"] += 1
+    if spec.get("end") == "kill":
+        while True:  # mid-training when the test's SIGKILL comes
+            print("trained %d" % out["iterations"], flush=True)
+            algo.train()
+            out["iterations"] += 1
     if spec.get("recreate"):
         # SIGKILL to one runner's process: RLlib's fault tolerance has Ray restart its actor; train on
         # until the restarted runner has sampled in two iterations
@@ -89,7 +96,7 @@ def run_one(spec):
 def main():
     specs = json.loads(sys.argv[1])
     specs = [specs] if isinstance(specs, dict) else specs
-    assert all(s.get("end", "stop") == "stop" for s in specs[:-1]), "only the last run may end by shutdown"
+    assert all(s.get("end", "stop") == "stop" for s in specs[:-1]), "only the last run may end by shutdown or kill"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     outs = []
     try:

@@ -9,8 +9,10 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -50,72 +52,91 @@ def trainer_streams(path):
         return sorted(i for i, s in ledger.streams.items() if len(s))
 
 
-CLEAN = [("CartPole-v1", 0), ("Pendulum-v1", 2)]
+# One Ray session (one subprocess) runs every run below in turn, each with its own algorithm: Ray's start and
+# the harness's imports are paid once. The run ended by ray.shutdown() alone comes last.
+CLEAN = ["cartpole-2-learners", "pendulum-async"]
+FAULTS = [("wrapper", "obs:f16"), ("connector", "obs:f16"), ("connector", "reward:f16"),
+          ("connector", "terminated:spurious")]  # on envs 0, 1, 2 and 3 of one Pendulum run
 
 
 @pytest.fixture(scope="module")
-def clean_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("clean")
-    specs = [{"path": str(base / ("%s-%d" % (env_id, learners))), "env": env_id, "runners": 2, "envs": 2,
-              "learners": learners, "iterations": 2} for env_id, learners in CLEAN]
-    # DQN: a replay buffer between the runners and the learner, so the trainer side records on each runner
-    specs.append({"path": str(base / "dqn"), "algo": "DQN", "env": "CartPole-v1", "runners": 2, "envs": 2,
-                  "iterations": 2})
-    # and last in the same Ray session, a run ended by ray.shutdown() alone
-    specs.append({"path": str(base / "shutdown"), "env": "CartPole-v1", "runners": 2, "envs": 2, "iterations": 3,
-                  "end": "shutdown", "flush_interval": 0.2})
-    return dict(zip(CLEAN + ["dqn", "shutdown"], zip(specs, run(specs, timeout=600))))
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("runs")
+    specs = {
+        # several learners: RLlib slices one env's episodes across them, each writes its own trainer file
+        "cartpole-2-learners": {"env": "CartPole-v1", "learners": 2, "iterations": 2},
+        # Box actions; the sub-envs step in processes of their own (gymnasium's AsyncVectorEnv)
+        "pendulum-async": {"env": "Pendulum-v1", "learners": 0, "iterations": 2, "vectorize": "async"},
+        # a fault on each env, each from its own injector, each recording where it struck
+        "faults": {"env": "Pendulum-v1", "iterations": 1, "faults": [
+            {"fault": fault, "env": k, "at": 20, "record": str(base / "faults" / ("fault-%d.json" % k)), "place": place}
+            for k, (place, fault) in enumerate(FAULTS)]},
+        # DQN: a replay buffer between the runners and the learner, so the trainer side records on each runner
+        "dqn": {"algo": "DQN", "env": "CartPole-v1", "iterations": 2},
+        # evaluation runners; runner 2 killed and recreated by RLlib
+        "recreate": {"env": "CartPole-v1", "iterations": 1, "evaluation": 1, "recreate": 2, "flush_interval": 0.2},
+        # last: a run ended by ray.shutdown() alone
+        "shutdown": {"env": "CartPole-v1", "iterations": 2, "end": "shutdown", "flush_interval": 0.2},
+    }
+    for name, spec in specs.items():
+        spec.update(path=str(base / name), runners=2, envs=2)
+    outs = run(list(specs.values()), timeout=1200)
+    return {name: (spec, out) for (name, spec), out in zip(specs.items(), outs)}
 
 
-@pytest.mark.parametrize("env_id,learners", CLEAN)
-def test_clean_run_compares_clean_with_exactly_the_expected_env_files(clean_runs, env_id, learners):
-    spec, out = clean_runs[(env_id, learners)]
+def trainer_files(d):
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "trainer*.npz")))
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_run_compares_clean_with_exactly_the_expected_env_files(runs, name):
+    spec, out = runs[name]
     d = spec["path"]
     assert out["iterations"] == 2
     assert env_indices(d) == [0, 1, 2, 3]
-    trainer = os.path.join(d, "trainer.npz")
-    assert trainer_streams(trainer) == [0, 1, 2, 3]
-    report = compare(d, trainer)
+    report = compare(d, d)  # the directory holds the trainer files too
     assert report.ok, str(report)
     assert sorted(report.envs) == [0, 1, 2, 3]
-    with read(trainer) as ledger:
-        steps = sum(int((s.columns["kind"][:] == 1).sum()) for s in ledger.streams.values())
+    files = trainer_files(d)
+    assert report.trainer_files == files
+    steps, held = 0, {}
+    for f in files:
+        with read(os.path.join(d, f)) as ledger:
+            steps += sum(int((s.columns["kind"][:] == 1).sum()) for s in ledger.streams.values())
+            for i, s in ledger.streams.items():
+                if len(s):
+                    held.setdefault(i, []).append(f)
+    assert sorted(held) == [0, 1, 2, 3]
     assert steps == out["env_steps"]  # PPO trains on every step sampled, each recorded once
+    if spec["learners"] == 2:
+        # each learner writes its own file, of the slices of episodes it trained on
+        assert files == ["trainer-learner-0.npz", "trainer-learner-1.npz"]
+        assert any(len(names) == 2 for names in held.values()), held  # an env sliced across both learners
+        assert compare(d, os.path.join(d, "trainer-learner-*.npz")).ok
+    else:
+        assert files == ["trainer.npz"]
+    if spec.get("vectorize") == "async":
+        with read(d) as ledger:  # the env ledgers were written by the AsyncVectorEnv's worker processes
+            pids = {s.meta.get("pid") for s in ledger.streams.values()}
+        assert len(pids) == 4 and not pids & set(out["runner_pids"].values()), (pids, out["runner_pids"])
 
 
-FAULTS = [("wrapper", "obs:f16", "CartPole-v1"), ("connector", "obs:f16", "CartPole-v1"),
-          ("connector", "reward:f16", "Pendulum-v1"), ("connector", "terminated:spurious", "CartPole-v1")]
-
-
-@pytest.fixture(scope="module")
-def fault_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("faults")
-    specs = []
-    for place, fault, env_id in FAULTS:
-        d = base / ("%s-%s" % (place, fault.replace(":", "_")))
-        specs.append({"path": str(d), "env": env_id, "runners": 2, "envs": 2, "iterations": 1,
-                      "fault": {"fault": fault, "env": 3, "at": 20, "record": str(d / "fault.json"), "place": place}})
-    run(specs, timeout=600)
-    return {f: s for f, s in zip(FAULTS, specs)}
-
-
-@pytest.mark.parametrize("place,fault,env_id", FAULTS)
-def test_each_injected_fault_is_located_at_its_recorded_env_episode_step_and_field(fault_runs, place, fault, env_id):
-    spec = fault_runs[(place, fault, env_id)]
+@pytest.mark.parametrize("env,place,fault", [(k, p, f) for k, (p, f) in enumerate(FAULTS)])
+def test_each_injected_fault_is_located_at_its_recorded_env_episode_step_and_field(runs, env, place, fault):
+    spec, _ = runs["faults"]
     d = spec["path"]
-    injected = read_record(spec["fault"]["record"])
-    assert injected is not None and injected["env"] == 3 and injected["fault"] == fault, injected
+    injected = read_record(spec["faults"][env]["record"])
+    assert injected is not None and injected["env"] == env and injected["fault"] == fault, injected
     report = compare(d, os.path.join(d, "trainer.npz"))
-    assert [x.env for x in report.differences] == [3], str(report)
-    assert is_located(report.differences[0], injected), (str(report), injected)
+    assert [x.env for x in report.differences] == [0, 1, 2, 3], str(report)  # each env its own fault, no other
+    assert is_located(report.by_env()[env], injected), (str(report), injected)
 
 
-def test_off_policy_runs_record_the_trainer_side_on_each_runner_and_compare_clean(clean_runs):
-    spec, out = clean_runs["dqn"]
+def test_off_policy_runs_record_the_trainer_side_on_each_runner_and_compare_clean(runs):
+    spec, out = runs["dqn"]
     d = spec["path"]
     assert env_indices(d) == [0, 1, 2, 3]
-    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "trainer*.npz")))
-    assert files == ["trainer-runner-0.npz", "trainer-runner-2.npz"]  # each runner's, named by its first env
+    assert trainer_files(d) == ["trainer-runner-0.npz", "trainer-runner-2.npz"]  # each runner's, by its first env
     assert trainer_streams(os.path.join(d, "trainer-runner-0.npz")) == [0, 1]
     assert trainer_streams(os.path.join(d, "trainer-runner-2.npz")) == [2, 3]
     report = compare(d, os.path.join(d, "trainer-runner-*.npz"))
@@ -123,13 +144,13 @@ def test_off_policy_runs_record_the_trainer_side_on_each_runner_and_compare_clea
     assert sorted(report.envs) == [0, 1, 2, 3]
 
 
-def test_a_run_stopped_by_shutdown_alone_leaves_env_ledgers_up_to_the_last_flush_and_no_difference(clean_runs):
+def test_a_run_stopped_by_shutdown_alone_leaves_env_ledgers_up_to_the_last_flush_and_no_difference(runs):
     # ray.shutdown() without algo.stop() kills the runners' actors: no close(), no atexit. The spills made
     # every flush_interval (and at the end of each sample() past one) are what is left, and the streams that
     # end at different points in a run that ended so are not a difference.
-    spec, out = clean_runs["shutdown"]
+    spec, out = runs["shutdown"]
     d = spec["path"]
-    assert out["iterations"] == 3
+    assert out["iterations"] == 2
     assert not glob.glob(os.path.join(d, "env-*.npz")), "no env ledger was closed, so none is final"
     assert sorted(glob.glob(os.path.join(d, "env-*.npz.spill", "seg-*.npz")))
     with read(d) as ledger:
@@ -142,10 +163,9 @@ def test_a_run_stopped_by_shutdown_alone_leaves_env_ledgers_up_to_the_last_flush
     assert any("not closed" in line for line in report.notes), report.notes
 
 
-def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indices(tmp_path):
-    d = str(tmp_path / "run")
-    (out,) = run({"path": d, "env": "CartPole-v1", "runners": 2, "envs": 2, "iterations": 1, "evaluation": 1,
-                  "recreate": 2, "flush_interval": 0.2}, timeout=600)
+def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indices(runs):
+    spec, out = runs["recreate"]
+    d = spec["path"]
     assert out["runner_pids_after"]["2"] != out["runner_pids"]["2"], out  # RLlib brought runner 2 back
     # runner 2's first envs (2 and 3) end where its process died; the recreated one records as envs 4 and 5;
     # the evaluation runner's envs write nothing (their episodes reach no learner)
@@ -161,6 +181,52 @@ def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indic
     lost = sorted({2, 3} - set(spilled))
     assert [(x.env, x.what, x.side) for x in report.differences] == [(e, "one_side", "trainer") for e in lost], \
         str(report)
+
+
+def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_last_spill(tmp_path):
+    # SIGKILL to the process that built the algorithm, mid-training: its own trainer side (with two learners,
+    # the learners' actors) and the runners' env ledgers die with it, or are killed by Ray, with no close().
+    # What is left is every ledger up to its last periodic spill; compare treats it as an interrupted run.
+    import psutil
+    d = str(tmp_path / "killed")
+    spec = {"path": d, "env": "CartPole-v1", "runners": 2, "envs": 2, "learners": 2, "iterations": 1,
+            "end": "kill", "flush_interval": 0.2}
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, TESTS, environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, HARNESS, json.dumps([spec])], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=environ, cwd=TESTS, start_new_session=True)
+    family = []
+    try:
+        deadline = time.monotonic() + 420
+        line = ""
+        while not line.startswith("trained 2") and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()  # "trained 1" then "trained 2": mid-way through the third iteration
+        assert line.startswith("trained 2"), "the run did not get through two iterations"
+        time.sleep(1.0)
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(family, timeout=60)  # the cluster this driver started goes with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for p in family:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    assert not alive, "processes of the killed driver's cluster were left: %s" % alive
+    assert env_indices(d) == [], "no env ledger was closed, so none is final"
+    assert trainer_files(d) == [], "no trainer ledger was closed, so none is final"
+    with read(d) as ledger:  # each env's spill segments, as of its own last periodic spill
+        assert sorted(ledger.streams) == [0, 1, 2, 3]
+        assert {s.meta.get("state") for s in ledger.streams.values()} == {"open"}
+    report = compare(d, d)
+    assert report.ok, str(report)
+    assert sorted(report.envs) == [0, 1, 2, 3]
+    assert report.partial == {"env": True, "trainer": True}
+    assert any(n.startswith("trainer-learner-") and "not closed" in n for n in report.notes), report.notes
 
 
 def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_there(tmp_path, monkeypatch):
