@@ -42,7 +42,6 @@ Where each side is recorded (the new API stack: env runners, episodes, learners)
 """
 
 import functools
-import json
 import os
 import uuid
 import warnings
@@ -53,7 +52,7 @@ import numpy as np
 from . import storage
 from .env import LedgerEnv
 from .errors import SettingsError
-from .faults import ENV_SIDE_FAULTS, FaultyEnv, check_fault
+from .faults import ENV_SIDE_FAULTS, FaultEngine, FaultyEnv, check_fault
 from .recording import attend
 
 TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
@@ -279,11 +278,10 @@ class EpisodeRecorder:
             if self.ledger is None:
                 self._open(ep)
             m = len(ep)
-            obs = ep.get_observations()  # m + 1 of them, without the lookback buffer
             if positions is not None:
                 self._at(env, base + (0 if ep.t_started == 0 else 1 + ep.t_started), m + (ep.t_started == 0))
             if ep.t_started == 0:
-                self.ledger.env_reset(env, _row(obs, 0))
+                self.ledger.env_reset(env, ep.get_observations(0))  # without the lookback buffer
             elif positions is None and self.next_t.get(env) != ep.t_started:
                 warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at %s: "
                               "the steps between never reached the learner" % (env, ep.t_started, self.next_t.get(env)),
@@ -292,7 +290,7 @@ class EpisodeRecorder:
             if m == 0:
                 continue
             actions = env_actions(ep.get_actions(), ep.action_space, self.config)
-            self.ledger.env_steps(env, actions, _rows(obs, 1), np.asarray(ep.get_rewards()),
+            self.ledger.env_steps(env, actions, ep.get_observations(slice(1, None)), np.asarray(ep.get_rewards()),
                                   _flags(m, ep.is_terminated), _flags(m, ep.is_truncated))
 
     def _at(self, env, offset, n):
@@ -314,7 +312,7 @@ class EpisodeRecorder:
             if 0 <= env < self.num_envs:
                 if offsets is not None:
                     self._at(env, offsets[k], 1)
-                self.ledger.env_reset(env, _row(ep.get_observations(), 0))
+                self.ledger.env_reset(env, ep.get_observations(0))
                 self.next_t[env] = 0
 
     def flush(self):
@@ -324,22 +322,6 @@ class EpisodeRecorder:
     def close(self):
         if self.ledger is not None:
             self.ledger.close()
-
-
-def _row(batch, i):
-    if isinstance(batch, dict):
-        return {k: _row(v, i) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_row(v, i) for v in batch)
-    return batch[i]
-
-
-def _rows(batch, start):
-    if isinstance(batch, dict):
-        return {k: _rows(v, start) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_rows(v, start) for v in batch)
-    return batch[start:]
 
 
 def _training_episodes(kwargs):
@@ -595,32 +577,6 @@ PLACES = ("wrapper", "connector")
 CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious")
 
 
-def _write_record(path, hit):
-    if path is None:
-        return
-    if storage.is_remote(path):
-        raise ValueError("stepledger.rllib.inject: record must be a local file")
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(hit, f)
-    os.replace(tmp, path)
-
-
-def _changed(value, way):
-    """The value rounded through float16 or zeroed, or None where that changes nothing."""
-    arr = np.asarray(value)
-    if way == "zero":
-        new = np.zeros_like(arr)
-    elif arr.dtype.kind == "f":
-        new = arr.astype(np.float16).astype(arr.dtype)
-    else:
-        return None
-    if np.array_equal(new, arr):
-        return None
-    return new if isinstance(value, np.ndarray) else new[()]
-
-
 def _faulty_connector_class():
     from ray.rllib.connectors.connector_v2 import ConnectorV2
 
@@ -628,52 +584,39 @@ def _faulty_connector_class():
         """An env-to-module connector piece that changes the episode's latest obs, reward or end flag once:
         at the first step of env ``env_index`` at or after its ``at``-th step (over the env's life) where the
         change changes something. It runs in the env runner, after the env stepped, before the episode
-        leaves it: the env's ledger keeps what the env gave, the episode what the connector made of it."""
+        leaves it: the env's ledger keeps what the env gave, the episode what the connector made of it.
+        The fault kit's ``FaultEngine`` decides where and how, and records where it struck; this piece tells
+        it each reset and step of the env's episodes, and writes what it returns into the episode."""
 
         def __init__(self, input_observation_space=None, input_action_space=None, *, fault, env_index, at=10,
                      record=None, **kwargs):
             super().__init__(input_observation_space, input_action_space, **kwargs)
-            self.fault, self.env_index, self.at, self.record = fault, int(env_index), int(at), record
-            self.field, self.way = fault.split(":")
-            self.done = False
-            self._ids, self._last_t, self._steps = [], None, 0
+            self.env_index = int(env_index)
+            self.engine = FaultEngine(fault, at=at, target=self.env_index, record=record, allowed=CONNECTOR_FAULTS,
+                                      owner="stepledger.rllib.inject")
+            self._id, self._last_t = None, None
 
         def __call__(self, *, rl_module, batch, episodes, **kwargs):
-            if self.done:
+            if self.engine.first is not None:
                 return batch
             for ep in episodes:
                 if ep.custom_data.get(TAG) != self.env_index:
                     continue
-                if not self._ids or self._ids[-1] != ep.id_:
-                    self._ids.append(ep.id_)
-                    self._last_t = None
-                if ep.t == ep.t_started and len(ep) == 0 or ep.t == self._last_t:
-                    continue  # just reset, or not stepped since the last call
+                if self._id != ep.id_:  # a new episode: it starts with its reset
+                    self._id, self._last_t = ep.id_, ep.t_started
+                    self.engine.reset(self.env_index, ep.get_observations(0))
+                if ep.t == self._last_t:
+                    continue  # not stepped since the last call
                 self._last_t = ep.t
-                self._steps += 1
-                if self._steps <= self.at:
-                    continue
-                if self._strike(ep):
-                    self.done = True
-                    _write_record(self.record, {"env": self.env_index, "episode": len(self._ids) - 1,
-                                                "step": int(ep.t), "fault": self.fault, "field": self.field})
+                obs, reward = ep.get_observations(-1), ep.get_rewards(-1)
+                new = self.engine.step(self.env_index, obs, reward, ep.is_terminated, ep.is_truncated)
+                if new[0] is not obs:
+                    ep.set_observations(new_data=new[0], at_indices=-1)
+                if new[1] is not reward:
+                    ep.set_rewards(new_data=float(new[1]), at_indices=-1)
+                if new[2] and not ep.is_done:
+                    ep.is_terminated = True
             return batch
-
-        def _strike(self, ep):
-            if self.field == "terminated":
-                if ep.is_done:
-                    return False
-                ep.is_terminated = True
-                return True
-            if self.field == "obs":
-                new = _changed(ep.get_observations(-1), self.way)
-                if new is not None:
-                    ep.set_observations(new_data=new, at_indices=-1)
-                return new is not None
-            new = _changed(np.float64(ep.get_rewards(-1)), self.way)
-            if new is not None:
-                ep.set_rewards(new_data=float(new), at_indices=-1)
-            return new is not None
 
     return FaultyEnvToModule
 
@@ -697,6 +640,8 @@ def inject(config, fault, *, env=0, at=10, record=None, place="wrapper"):
         raise SettingsError("stepledger.rllib.inject: call stepledger.rllib.instrument(config, path) first")
     if place not in PLACES:
         raise ValueError("stepledger.rllib.inject: place must be one of %s, got %r" % (", ".join(PLACES), place))
+    if record is not None and storage.is_remote(os.fspath(record)):
+        raise ValueError("stepledger.rllib.inject: record must be a local file")
     record = None if record is None else os.path.abspath(os.fspath(record))
     if place == "wrapper":
         check_fault(fault, ENV_SIDE_FAULTS, "stepledger.rllib.inject")
@@ -738,12 +683,9 @@ def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1,
     both ledgers in, each fault injected by ``inject`` at env ``target`` (default: the last one); returns a
     ``stepledger.check.CheckReport``. Starts a local Ray (``ray.init()``) unless one is running, and shuts
     down what it started."""
-    import shutil
-    import tempfile
-
     import ray
 
-    from .check import CheckReport, FaultResult, clean_steps, no_opportunity
+    from .check import clean_steps, no_opportunity, run_check
     from .compare import compare
     from .faults import read_record
 
@@ -757,8 +699,6 @@ def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1,
     started = not ray.is_initialized()
     if started:
         ray.init(include_dashboard=False, log_to_driver=False)
-    made = directory is None
-    directory = directory or tempfile.mkdtemp(prefix="stepledger-check-rllib-")
 
     def one(sub, fault):
         config = instrument(_ppo_config(env_id, max_episode_steps, runners, envs, batch, seed), sub)
@@ -773,34 +713,12 @@ def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1,
             algo.stop()
         return compare(sub, storage.join(sub, TRAINER_FILE)), read_record(record) if fault else None
 
+    def opportunity(fault, clean_dir):
+        reason, _ = no_opportunity(fault, *clean_steps(clean_dir, target), at, target, lambda: max_episode_steps)
+        return reason, None  # RLlib runs are sized in iterations, not vector steps
+
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            clean_dir = os.path.join(directory, "clean")
-            clean, _ = one(clean_dir, None)
-            term, trunc = clean_steps(clean_dir, target)
-            if progress is not None:
-                progress(1, len(faults) + 1)
-            results = []
-            for k, fault in enumerate(faults):
-                report, injected = one(os.path.join(directory, fault.replace(":", "_")), fault)
-                diff = report.by_env().get(injected["env"]) if injected else None
-                reason = needs = None
-                if injected is None:
-                    reason, needs = no_opportunity(fault, term, trunc, at, target, lambda: max_episode_steps)
-                    needs = None  # RLlib runs are sized in iterations, not vector steps
-                results.append(FaultResult(fault, injected, diff, reason, needs))
-                if progress is not None:
-                    progress(k + 2, len(faults) + 1)
-    except BaseException:
-        if made:
-            shutil.rmtree(directory, ignore_errors=True)
-        raise
+        return run_check(one, faults, opportunity, directory, keep, progress=progress, prefix="stepledger-check-rllib-")
     finally:
         if started:
             ray.shutdown()
-    out = CheckReport(clean, results, directory)
-    if made and out.ok and not keep:
-        shutil.rmtree(directory, ignore_errors=True)
-        out.directory = None
-    return out
