@@ -78,16 +78,30 @@ class LedgeredEnvCreator:
         self.env, self.directory = env, directory
         self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
         self.fault = None  # set by inject(..., place="wrapper"): a FaultyEnv outside LedgerEnv
+        self.maker = None  # what builds the user's env, once looked up (see _look_up)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self.maker is None:
+            # Unpickled in an env runner's process (or copied with the config): look up the user's env here,
+            # where Ray's registry can be asked. An AsyncVectorEnv builds the sub-envs in processes forked
+            # from the runner, where a call to Ray's GCS never returns; they get the creator looked up.
+            self._look_up()
+
+    def _look_up(self):
+        env = self.env
+        if callable(env):
+            self.maker = env
+            return
+        from ray.tune.registry import ENV_CREATOR, _global_registry
+        self.maker = _global_registry.get(ENV_CREATOR, env) if _global_registry.contains(ENV_CREATOR, env) else \
+            functools.partial(_gym_make, env)
 
     def make_inner(self, ctx):
         """The user's env, built as RLlib builds it from ``config.env``."""
-        env = self.env
-        if callable(env):
-            return env(ctx)
-        from ray.tune.registry import ENV_CREATOR, _global_registry
-        if _global_registry.contains(ENV_CREATOR, env):
-            return _global_registry.get(ENV_CREATOR, env)(ctx)
-        return gym.make(env, **dict(ctx))
+        if self.maker is None:
+            self._look_up()
+        return self.maker(ctx)
 
     def __call__(self, ctx):
         env = LedgerEnv(self.make_inner(ctx), self.directory, reward_dtype=self.reward_dtype,
@@ -97,6 +111,10 @@ class LedgeredEnvCreator:
             env = FaultyEnv(env, self.fault["fault"], index=None, at=self.fault["at"], target=self.fault["env_index"],
                             record=self.fault["record"])
         return env
+
+
+def _gym_make(env_id, ctx):
+    return gym.make(env_id, **dict(ctx))
 
 
 class LedgeredEnv:
