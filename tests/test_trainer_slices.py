@@ -112,7 +112,8 @@ def learners(directory, data, assign):
 def test_slices_of_one_env_in_two_learners_files_stitch_and_compare_clean(tmp_path):
     d = str(tmp_path)
     data = play(d)
-    files = learners(d, data, lambda n, sl: [0] if sl[2] == 0 else [1])  # an episode's first slice to one, the rest to the other
+    # an episode's first slice to one learner, the rest to the other
+    files = learners(d, data, lambda n, sl: [0] if sl[2] == 0 else [1])
     report = compare(d, files)
     assert report.ok and report.envs == [0, 1] and report.notes == [], str(report)
     assert report.trainer_files == ["trainer-learner-0.npz", "trainer-learner-1.npz"]
@@ -145,7 +146,8 @@ def test_an_overlap_between_slices_is_named_and_found_at_its_event(tmp_path):
     report = compare(d, files)
     assert [x.env for x in report.differences] == [0], str(report)
     b = base_offsets(data)[0, 2]
-    lines = [n for n in report.notes if n.startswith("env 0: its events %d to %d are in two trainer files (" % (b, b + 7))]
+    start = "env 0: its events %d to %d are in two trainer files (" % (b, b + 7)
+    lines = [n for n in report.notes if n.startswith(start)]
     assert len(lines) == 1 and "trainer-learner-0.npz" in lines[0] and "trainer-learner-1.npz" in lines[0], report.notes
     # the stitched stream holds the events twice, after the slice that holds them first: never clean
     assert report.differences[0].trainer_events == report.differences[0].env_events + 8, str(report)
@@ -211,7 +213,8 @@ def test_a_learner_killed_before_its_final_file_ends_the_stitched_stream_at_its_
             survivor.record(data, bases, sl)
     survivor.ledger.close()
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    code = CHILD % {"tests": TESTS_DIR, "data": str(tmp_path / "data"), "path": os.path.join(d, "trainer-learner-1.npz")}
+    code = CHILD % {"tests": TESTS_DIR, "data": str(tmp_path / "data"),
+                    "path": os.path.join(d, "trainer-learner-1.npz")}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=environ)
     try:
         assert proc.stdout.readline().strip() == "flushed"
