@@ -201,8 +201,8 @@ def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_l
         watchdog = threading.Timer(420, proc.kill)  # the run's timeout: a hung run is killed, its line never comes
         watchdog.start()
         try:
-            line = None
-            while line != "" and not line.startswith("trained 1"):
+            line = "-"
+            while line and not line.startswith("trained 1"):
                 line = proc.stdout.readline()  # "trained 1": the learners have spilled; the second iteration is on
         finally:
             watchdog.cancel()

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +25,7 @@ from stepledger.spaces import LeafLayout
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
 ENVS = 2
+TIMEOUT = 120
 
 
 def play(directory, episodes=3, steps=25):
@@ -184,8 +185,10 @@ CHILD = """
 import sys, time, numpy as np
 sys.path.insert(0, %(tests)r)
 import test_trainer_slices as t
+learner = t.Learner(%(path)r)  # its recording begins now, as the run's do
+print('ready', flush=True)
+sys.stdin.readline()
 data = {i: [dict(np.load(%(data)r + '-%%d-%%d.npz' %% (i, k))) for k in range(3)] for i in range(t.ENVS)}
-learner = t.Learner(%(path)r)
 bases = t.base_offsets(data)
 rest = [sl for sl in t.slices_of(data) if sl[2] != 0]
 for sl in rest:
@@ -202,29 +205,37 @@ time.sleep(120)
 
 def test_a_learner_killed_before_its_final_file_ends_the_stitched_stream_at_its_gap(tmp_path):
     d = str(tmp_path)
-    data = play(d)
-    for i, eps in data.items():
-        for k, ep in enumerate(eps):
-            np.savez(str(tmp_path / ("data-%d-%d.npz" % (i, k))), **ep)
-    bases = base_offsets(data)
-    survivor = Learner(os.path.join(d, "trainer-learner-0.npz"))
-    for sl in slices_of(data):
-        if sl[2] == 0:
-            survivor.record(data, bases, sl)
-    survivor.ledger.close()
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     code = CHILD % {"tests": TESTS_DIR, "data": str(tmp_path / "data"),
                     "path": os.path.join(d, "trainer-learner-1.npz")}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=environ)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=environ)
+    watchdog = threading.Timer(TIMEOUT, proc.kill)  # a hung child is killed: its lines never come
+    watchdog.start()
     try:
+        assert proc.stdout.readline().strip() == "ready"
+        data = play(d)  # the envs run while both learners record
+        for i, eps in data.items():
+            for k, ep in enumerate(eps):
+                np.savez(str(tmp_path / ("data-%d-%d.npz" % (i, k))), **ep)
+        survivor = Learner(os.path.join(d, "trainer-learner-0.npz"))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
         assert proc.stdout.readline().strip() == "flushed"
+        bases = base_offsets(data)
+        for sl in slices_of(data):
+            if sl[2] == 0:
+                survivor.record(data, bases, sl)
+        survivor.ledger.close()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    time.sleep(0.1)
+        proc.stdin.close()
+        proc.stdout.close()
     assert not os.path.exists(os.path.join(d, "trainer-learner-1.npz"))  # only its spill segments
     report = compare(d, d)
     # learner 1 had the later slices of each episode, and wrote those of episode 0 before it was killed: each
