@@ -498,6 +498,7 @@ class Recording:
         self.written = None  # (inode, mtime in ns) of the final file as this recording last wrote it
         self._spilled_events = 0
         self._cleaned = False
+        self._final_written = False  # close() wrote the final file
         self._lock_path = None
         self.deferred = False  # env side: its index was given after construction (LedgerEnv.set_index)
         if not self.remote:
@@ -986,7 +987,11 @@ class Recording:
             try:
                 if self.remote:
                     self._remote.stop()  # the final file supersedes the segments still queued
-                self.write(state)
+                if not self._final_written:
+                    self.write(state)
+                    # A close from a signal handler that cuts into the rest of this one (a SIGTERM to a worker
+                    # handling its Ctrl-C) finishes it: the segments, some removed already, are not read again.
+                    self._final_written = True
                 if not self.published:
                     return  # kept on local disk; the segments in storage stay, a partial ledger until it is pushed
                 self._unlink_segments()
