@@ -126,21 +126,32 @@ def thin(parts, keep):
         parts[name] = [col[keep]]
 
 
-class Earliest(KeepAll):
-    """Keeps the ``k`` completed episodes that ended first across all envs, in completion order (the
-    vector step each ended at, then env index): what a log without env indices is paired with in order.
-    Rows are dropped as they come, so that no more than ``room(k, slack)`` are held at once."""
+class Thinning(KeepAll):
+    """Keeps rows as they come, and whenever more than ``room(k, slack)`` are held, drops (``_trim``) those
+    it no longer needs."""
 
     def __init__(self, k, slack=1 << 16):
         super().__init__()
         self.k, self.slack, self.held = int(k), int(slack), 0
-        self._beyond_end = {}  # env -> end_step of its episode in beyond
 
     def add(self, rows):
         super().add(rows)
         self.held += int(rows["env"].size)
         if self.held > room(self.k, self.slack):
             self._trim()
+
+    def _trim(self):
+        raise NotImplementedError
+
+
+class Earliest(Thinning):
+    """Keeps the ``k`` completed episodes that ended first across all envs, in completion order (the
+    vector step each ended at, then env index): what a log without env indices is paired with in order.
+    Rows are dropped as they come, so that no more than ``room(k, slack)`` are held at once."""
+
+    def __init__(self, k, slack=1 << 16):
+        super().__init__(k, slack)
+        self._beyond_end = {}  # env -> end_step of its episode in beyond
 
     def _trim(self):
         env = _concat_one(self.parts, "env")

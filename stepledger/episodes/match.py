@@ -13,7 +13,7 @@ import numpy as np
 from .. import wording
 from .._report import DifferenceReport
 from ..errors import LedgerError
-from .derive import Earliest, FirstPerEnv, KeepAll, derive, merge, open_env_ledger, room, thin
+from .derive import Earliest, FirstPerEnv, Thinning, derive, merge, open_env_ledger, thin
 from .logs import as_log
 
 RTOL = 1e-5
@@ -285,7 +285,7 @@ def _groups(starts, stops, block=1 << 16):
         yield from zip(starts[i:i + block].tolist(), stops[i:i + block].tolist())
 
 
-class Matchable(KeepAll):
+class Matchable(Thinning):
     """Keeps the recorded episodes a multiset matching with ``log`` may still pair, as they come.
 
     When the rows held pass ``room(len(log), slack)``, a maximum matching of them
@@ -299,16 +299,9 @@ class Matchable(KeepAll):
     """
 
     def __init__(self, log, rtol, atol, slack=1 << 16):
-        super().__init__()
+        super().__init__(len(log), slack)
         self.log, self.rtol, self.atol = log, rtol, atol
-        self.k, self.slack, self.held = len(log), int(slack), 0
         self.dropped = {}
-
-    def add(self, rows):
-        super().add(rows)
-        self.held += int(rows["env"].size)
-        if self.held > room(self.k, self.slack):
-            self._trim()
 
     def _trim(self):
         cols = merge(self.parts)
