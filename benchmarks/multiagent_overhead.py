@@ -145,13 +145,13 @@ def main():
     p.add_argument("--copies", type=int, default=4, help="env copies (3 agents each: 3x vector slots)")
     p.add_argument("--steps", type=int, default=1500, help="vector steps per run")
     p.add_argument("--runs", type=int, default=3, help="runs; in each, the pipelines take turns")
-    p.add_argument("--block", type=int, default=20, help="vector steps per turn")
+    p.add_argument("--block", type=int, default=1, help="vector steps per turn")
     p.add_argument("--flush-interval", type=float, default=1.0,
                    help="seconds between periodic spills (stepledger's default is 5; shorter spills more often)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few steps, no RESULTS.md")
     args = p.parse_args()
     if args.quick:
-        args.steps, args.runs, args.block = 60, 1, 10
+        args.steps, args.runs = 60, 1
     warnings.filterwarnings("ignore", message=".*render_mode.*")
     import mpe2
     import pettingzoo
@@ -162,7 +162,7 @@ def main():
     keys = [(f, c) for f in FORMS for c in CONFIGS]
     times = {k: [] for k in keys}
     block = max(1, min(args.block, args.steps))
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     for _ in range(args.runs):
         dirs = {k: tempfile.mkdtemp(prefix="stepledger-bench-") for k in keys}
         venvs = {k: pipeline(k[0], k[1], args.copies, dirs[k], args.flush_interval) for k in keys}
@@ -174,7 +174,7 @@ def main():
             if k[1] == "live" and k[0] == "gymnasium" and faults:
                 raise SystemExit("the live check found a fault in a clean run: %s" % faults[0])
             discard(venvs[k], dirs[k])
-    seconds = time.perf_counter() - started
+    seconds, load_after = time.perf_counter() - started, os.getloadavg()[0]
 
     def paired(form, config, base="none"):
         t, b = times[(form, config)], times[(form, base)]
@@ -201,11 +201,13 @@ def main():
            "mpe2 simple_spread_v3 (N=3, max_cycles=25: an autoreset every 25 steps), %d env copies = %d vector "
            "slots, through SuperSuit's `concat_vec_envs_v1(..., num_cpus=0)` in its Gymnasium form (trainer side "
            "`LedgerSuperSuitVecEnv`) and its SB3 form (`LedgerVecEnv`); random discrete actions generated "
-           "beforehand. %d runs of %d vector steps in which the %d pipelines take turns every %d steps (%.0f s in "
-           "all). An agent step is one vector slot's step. The added µs and the ratios are medians of each turn "
+           "beforehand. %d runs of %d vector steps in which the %d pipelines take turns every %d vector step(s), the "
+           "order of the turns rotating from round to round (%.0f s in all; the machine's load average %.1f "
+           "before, %.1f after). An agent step is one vector slot's step. The added µs and the ratios are medians of each turn "
            "set against the bare turn of the same form in the same round; env side: `env`, trainer side: "
            "`trainer`. Periodic spills every %g s." % (args.copies, slots, args.runs, args.steps, len(keys), block,
-                                                      seconds, args.flush_interval), ""] + rows
+                                                      seconds, load_before, load_after, args.flush_interval),
+           ""] + rows
     out += ["", "Side by side, µs per agent step added (paired medians): Gymnasium form: env side %.2f, trainer side "
             "%.2f, both %.2f; SB3 form: env side %.2f, trainer side %.2f, both %.2f. Live mode on top of both "
             "ledgers: %.2f (Gymnasium form), %.2f (SB3 form) µs per agent step."
@@ -224,7 +226,7 @@ def main():
             "(LedgerSuperSuitVecEnv.step less SuperSuit's step inside it) |", "| --- | --- | --- |",
             "| files only | %.2f | %.2f |" % (env_us, trainer_us),
             "| files and live=True | %.2f | %.2f |" % (env_live, trainer_live), "",
-            "A busy machine inflates even paired differences of whole turns (each a few hundred ms); calls of a "
+            "A busy machine inflates even paired differences of whole turns; calls of a "
             "few µs are rarely interrupted, so these figures stay close to what the ledgers cost. The env side's "
             "figure includes one wrapper's Python frame, and not the autoreset's reset (SuperSuit calls it apart "
             "from the step)."]
