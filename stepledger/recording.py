@@ -984,11 +984,17 @@ class Recording:
                 return
             if state is None or state == S.STATE_CLOSED:
                 state = S.STATE_INTERRUPTED if self.interrupted else S.STATE_CLOSED
+            kept = False
             try:
                 if self.remote:
                     self._remote.stop()  # the final file supersedes the segments still queued
                 if not self._final_written:
-                    self.write(state)
+                    try:
+                        self.write(state)
+                    except LedgerError as exc:
+                        kept = True  # still open, nothing let go of
+                        raise LedgerError("%s; its events are kept in memory: make room and call close() again "
+                                          "(it is tried again at exit)" % exc) from None
                     # A close from a signal handler that cuts into the rest of this one (a SIGTERM to a worker
                     # handling its Ctrl-C) finishes it: the segments, some removed already, are not read again.
                     self._final_written = True
@@ -1001,7 +1007,8 @@ class Recording:
                     except Exception:
                         pass
             finally:
-                self._release()
+                if not kept:
+                    self._release()
 
     def _release(self):
         """Closed for good: free the buffers and kept values, drop the staging area, leave the registry."""

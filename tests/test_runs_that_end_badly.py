@@ -751,3 +751,34 @@ def test_a_directory_that_cannot_be_written_for_want_of_permission_fails_at_cons
     assert lines == ["LedgerEnv: cannot write in the directory %s (Permission denied)" % d,
                      "LedgerVectorEnv: cannot write in the directory %s (Permission denied)" % d], proc.stdout + proc.stderr
     assert os.listdir(str(d)) == []
+
+
+@pytest.mark.parametrize("spilled", [False, True])
+def test_a_close_on_a_full_disk_keeps_the_events_until_there_is_room(small_disk, spilled):
+    env = count_env(0, small_disk)
+    env.reset()
+    for t in range(40):
+        env.step(0)
+        if env.env.unwrapped.t >= 4:
+            env.reset()
+        if spilled and t == 20:
+            env.flush()  # the lock is taken and a segment written: the final file is what fails
+    n = env._events()
+    filler = os.path.join(small_disk, "filler")
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    with pytest.raises(LedgerError) as info:
+        env.close()
+    text = str(info.value)
+    assert env.ledger_path in text and "No space left" in text and "\n" not in text
+    if spilled:
+        assert "call close() again" in text
+    os.unlink(filler)
+    env.close()  # room again: nothing was lost
+    with read(env.ledger_path) as led:
+        assert len(led.streams[0]) == n and led.meta[S.META_STATE] == S.STATE_CLOSED
+    assert sorted(os.listdir(small_disk)) == ["env-0.npz"]
