@@ -36,6 +36,7 @@ def test_readme_has_both_quickstarts():
     blocks = _blocks("python")
     assert any("AsyncVectorEnv" in b and "LedgerVectorEnv" in b for b in blocks)
     assert any("SubprocVecEnv" in b and "LedgerVecEnv" in b for b in blocks)
+    assert any("LedgerParallelEnv" in b and "LedgerSuperSuitVecEnv" in b for b in blocks)  # multi-agent
 
 
 @pytest.mark.parametrize("page, index", [(p, k) for k, (p, _) in enumerate(_doc_blocks())])
@@ -66,7 +67,7 @@ def test_readme_links_every_docs_page_and_they_exist():
                   "## What it has found in the libraries", "## Checking the trainer's episode log"):
         assert moved not in text, moved
     for kept in ("## Set-up", "## Quickstart: Gymnasium", "## Quickstart: Stable-Baselines3",
-                 "## Where the two wrappers go", "## Reading a report", "## What it cannot catch"):
+                 "## Quickstart: PettingZoo and SuperSuit", "## Where the two wrappers go", "## Reading a report", "## What it cannot catch"):
         assert kept in text, kept
 
 
