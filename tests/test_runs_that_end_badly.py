@@ -722,6 +722,16 @@ def test_a_clean_rerun_removes_what_a_killed_run_left(tmp_path):
         assert len(led.streams[0]) == 2 and not led.partial
 
 
+def _ancestors(path):
+    path = os.path.abspath(path)
+    while True:
+        yield path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+
+
 def test_a_directory_that_cannot_be_written_for_want_of_permission_fails_at_construction(tmp_path):
     d = tmp_path / "theirs"
     d.mkdir()
@@ -733,11 +743,20 @@ def test_a_directory_that_cannot_be_written_for_want_of_permission_fails_at_cons
             "        build()\n"
             "    except LedgerError as exc:\n"
             "        print(exc)\n" % (str(d), str(d / "trainer.npz")))
+    opened = []  # (directory, its mode) opened for nobody to pass through, restored after
     if os.geteuid() == 0:  # root writes anywhere: try it as nobody, in a directory of root's
         d.chmod(0o755)
         for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
             p.chmod(p.stat().st_mode | 0o005)
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code]
+        # nobody must reach this venv and checkout: a CI clone sits below a mktemp -d only root may enter
+        import stepledger
+        for top in (sys.prefix, os.path.dirname(os.path.dirname(os.path.abspath(stepledger.__file__)))):
+            for p in _ancestors(top):
+                mode = os.stat(p).st_mode
+                if not mode & 0o001:
+                    opened.append((p, mode))
+                    os.chmod(p, mode | 0o001)
     else:
         d.chmod(0o555)
         argv = [sys.executable, "-c", code]
@@ -745,8 +764,14 @@ def test_a_directory_that_cannot_be_written_for_want_of_permission_fails_at_cons
         proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=TIMEOUT, cwd="/")
     except FileNotFoundError:
         pytest.skip("no setpriv to drop root's rights")
+    finally:
+        for p, mode in reversed(opened):
+            os.chmod(p, mode)
     if "Permission denied" in proc.stderr and "python" in proc.stderr.splitlines()[-1].lower():
         pytest.skip("nobody cannot run this Python: %s" % proc.stderr.strip()[-200:])
+    if os.geteuid() == 0 and "ModuleNotFoundError" in proc.stderr:
+        # this venv or checkout sits below a directory only root may enter (a mktemp -d, as a CI clone)
+        pytest.skip("nobody cannot read this Python's packages: %s" % proc.stderr.strip().splitlines()[-1])
     lines = proc.stdout.splitlines()
     assert lines == ["LedgerEnv: cannot write in the directory %s (Permission denied)" % d,
                      "LedgerVectorEnv: cannot write in the directory %s (Permission denied)" % d], proc.stdout + proc.stderr
