@@ -1,5 +1,6 @@
 """A training script that ends in a chosen way, run in its own process by test_runs_that_end_badly.py,
-and the helpers every test of a killed script uses (``kill_group_when_ready``, ``reap``).
+and the helpers every test of a killed script uses (``kill_group_when_ready``, ``wait_for``, ``on_disk``,
+``reap``).
 
     python -c "import ending_harness as H; H.main(HARNESS, ENDING, DIRECTORY)"
 
@@ -15,8 +16,9 @@ ENDING:
   to every process).
 
 It prints ``ready STEPS PID...`` (vector steps so far and the worker pids) once it
-has stepped for a while, or ``idle STEPS PID...`` as it stops stepping, so the
-test knows when to act, and which processes to wait for afterwards.
+has stepped for a while, or ``idle STEPS EVENTS PID...`` as it stops stepping (EVENTS:
+the trainer side's recorded events), so the test knows when to act, and which
+processes to wait for afterwards.
 """
 
 import functools
@@ -28,18 +30,39 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from stepledger import LedgerEnv, LedgerVectorEnv
+from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, read
 
 N_ENVS = 2
 FLUSH_INTERVAL = 0.3
 
 
-def kill_group_when_ready(proc, after, timeout):
-    """Wait for the script's ``ready`` line, let it go on ``after`` seconds more, then SIGKILL its whole
-    process group (the trainer and its env workers, with no warning) and wait for the trainer to die."""
+def on_disk(path):
+    """{stream: events} of the ledger at ``path`` (a file, or a directory of env ledgers) that a reader finds
+    now, while its writers go on; {} while there is nothing whole to read yet."""
+    try:
+        with read(path) as led:
+            return {i: len(s) for i, s in led.streams.items()}
+    except (LedgerError, OSError):
+        return {}
+
+
+def wait_for(condition, timeout=60.0):
+    """Until ``condition()`` holds: as soon as a busy machine has run what makes it true (spills go by time)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within %.0f s" % timeout
+        time.sleep(0.01)
+
+
+def kill_group_when_ready(proc, written, timeout, meanwhile=None):
+    """Wait for the script's ``ready`` line (then run ``meanwhile()``), then until ``written()`` holds (what the
+    test needs the periodic spills to have put on disk, however long a busy machine takes), then SIGKILL its
+    whole process group (the trainer and its env workers, with no warning) and wait for the trainer to die."""
     line = proc.stdout.readline()
     assert line.startswith("ready"), proc.stderr.read()[-3000:]
-    time.sleep(after)
+    if meanwhile is not None:
+        meanwhile()
+    wait_for(written, timeout)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout)
 
@@ -99,7 +122,8 @@ def main(harness, ending, directory, steps=400):
         if ending not in ("wait", "idle") and t == steps:
             break
         if ending == "idle" and t >= steps and time.monotonic() - started > 1.0:
-            print("idle", t, *pids, flush=True)
+            # the trainer side's events: what the idle spillers of every process must bring to the disk
+            print("idle", t, envs.ledger.recording.n_events(), *pids, flush=True)
             time.sleep(120)  # a long update: nothing is recorded anywhere until the test kills every process
             break
         if ending == "wait" and not announced and t >= steps and time.monotonic() - started > 1.0:

@@ -53,6 +53,19 @@ class CountEnv(gym.Env):
                 {"t": self.t})
 
 
+def step_count_env(env, steps=1, action=0):
+    """``steps`` steps of a ledger wrapped around a CountEnv, with a reset after each episode's end; returns
+    how many events that recorded (each step and each reset)."""
+    events = 0
+    for _ in range(steps):
+        env.step(action)
+        events += 1
+        if env.env.unwrapped.t >= env.env.unwrapped.length:
+            env.reset()
+            events += 1
+    return events
+
+
 class ScriptedEnv(gym.Env):
     """Returns the given (obs, reward, terminated, truncated) tuples in turn; reset gives ``reset_obs``."""
 

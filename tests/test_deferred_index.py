@@ -337,11 +337,20 @@ while True:
 """
 
 
+def _spilled(directory, how):
+    """More than 10 events of each side in the periodic spills: what the kill leaves for the test to read."""
+    trainer, envs = H.on_disk(os.path.join(directory, "trainer.npz")), H.on_disk(directory)
+    if how == "unlinked":  # env 0's events are in a ledger of their own, named for its process
+        names = [n[:-len(".spill")] for n in unindexed(directory) if n.endswith(".spill")]
+        envs[0] = sum(H.on_disk(os.path.join(directory, n)).get(0, 0) for n in names)
+    return len(trainer) == 2 and all(n > 10 for n in list(trainer.values()) + [envs.get(0, 0), envs.get(1, 0)])
+
+
 def _run_and_kill(directory, how):
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", _KILLED, directory, how], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_environ(), start_new_session=True)
     try:
-        H.kill_group_when_ready(proc, 0.5, TIMEOUT)
+        H.kill_group_when_ready(proc, lambda: _spilled(directory, how), TIMEOUT)
     finally:
         H.reap(proc)
 

@@ -343,6 +343,8 @@ venv = gym.vector.AsyncVectorEnv([functools.partial(LedgerEnv, E.CountEnv(length
 venv.set_attr("stepledger_index", mine)  # the env side: global indices, given after construction
 led = TrainerLedger("%s/trainer-%d.npz" % (d, learner), n_total, venv.single_observation_space,
                     venv.single_action_space, flush_interval=0.3)
+print("recording", flush=True)  # its recording began: it starts stepping when told
+sys.stdin.readline()
 obs, _ = venv.reset(seed=learner)
 for k, g in enumerate(mine):
     led.env_reset(g, obs[k])
@@ -371,27 +373,39 @@ print("done", flush=True)
 """
 
 
-def _learner(d, learner, n_total, ending):
-    return subprocess.Popen([sys.executable, "-W", "ignore", "-c", _LEARNER, d, str(learner), str(n_total), ending],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environ(),
-                            start_new_session=True)
+def _learners(d, n_total, endings):
+    """A process for each learner of ``endings`` ({learner: ending}), started together: each steps once every
+    one's recording has begun (the recordings of one run overlap in time, however late a busy machine
+    starts a process)."""
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", _LEARNER, d, str(k), str(n_total), ending],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_environ(), start_new_session=True) for k, ending in sorted(endings.items())]
+    for proc in procs:
+        line = proc.stdout.readline()
+        assert line.startswith("recording"), proc.stderr.read()[-3000:]
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return procs
 
 
-def _finish(proc, kill=False):
+def _finish(proc, written=None, meanwhile=None):
+    """Wait for a learner to end; or with ``written``, SIGKILL it once that holds of what it spilled."""
     try:
-        if kill:
-            H.kill_group_when_ready(proc, 0.8, TIMEOUT)  # past two spill intervals of stepping
+        if written:
+            H.kill_group_when_ready(proc, written, TIMEOUT, meanwhile)
         else:
             proc.wait(TIMEOUT)
             assert proc.returncode == 0, proc.stderr.read()[-3000:]
     finally:
+        proc.stdin.close()
         H.reap(proc)
 
 
 def test_two_learner_processes_with_async_vector_envs(tmp_path):
     d = str(tmp_path / "ledger")
     os.makedirs(d)
-    procs = [_learner(d, k, 4, "close") for k in (0, 1)]
+    procs = _learners(d, 4, {0: "close", 1: "close"})
     for p in procs:
         _finish(p)
     report = compare(d, os.path.join(d, "trainer-*.npz"))
@@ -408,9 +422,17 @@ def test_two_learner_processes_with_async_vector_envs(tmp_path):
 def test_a_learner_killed_mid_run_then_a_rerun_with_one_learner(tmp_path):
     d = str(tmp_path / "ledger")
     os.makedirs(d)
-    survivor, victim = _learner(d, 0, 4, "close"), _learner(d, 1, 4, "wait")
-    _finish(victim, kill=True)
-    _finish(survivor)
+    victim = os.path.join(d, "trainer-1.npz")
+    spilled = []
+
+    def survivor():  # learner 0 runs from start to end while learner 1 records
+        _finish(_learners(d, 4, {0: "close"})[0])
+        spilled.append(sum(H.on_disk(victim).values()))
+
+    # learner 1 is killed once a spill of its own came after learner 0's end, and its envs' spills are on disk
+    _finish(_learners(d, 4, {1: "wait"})[0], meanwhile=survivor,
+            written=lambda: sum(H.on_disk(victim).values()) > spilled[0] and
+            all(H.on_disk(d).get(e, 0) > 0 for e in (2, 3)))
     assert not os.path.exists(os.path.join(d, "trainer-1.npz"))  # only its spill segments
     for spec in (os.path.join(d, "trainer-*.npz"), d):
         report = compare(d, spec)
@@ -419,7 +441,7 @@ def test_a_learner_killed_mid_run_then_a_rerun_with_one_learner(tmp_path):
         assert any(n.startswith("trainer-1.npz: not closed (its process is gone)") for n in report.notes)
     time.sleep(CLOCK_SLACK + 0.3)
     # the same directory again, one learner of two envs: run 1's learner 1 and its envs are left behind
-    _finish(_learner(d, 0, 2, "close"))
+    _finish(_learners(d, 2, {0: "close"})[0])
     report = compare(d, d)
     assert report.ok and report.envs == [0, 1], str(report)
     assert any(n.startswith("trainer-1.npz is from an earlier run") for n in report.notes), report.notes
