@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 from gymnasium import spaces as gs
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepledger import _fallback
@@ -42,7 +42,7 @@ def test_blake2b64_matches_hashlib(core, size):
 
 
 @pytest.mark.parametrize("core", CORES)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(min_size=0, max_size=2000))
 def test_blake2b64_matches_hashlib_random(core, data):
     assert core.blake2b64(data) == hashlib64(data)

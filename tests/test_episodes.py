@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import stepledger
@@ -230,7 +230,7 @@ _EVENT = st.one_of(
               st.sampled_from([(False, False), (True, False), (False, True)])))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(streams=st.lists(st.lists(_EVENT, min_size=1, max_size=90), min_size=1, max_size=3),
        chunk=st.integers(1, 9), f64=st.booleans())
 def test_episodes_match_a_plain_python_reference(streams, chunk, f64):

@@ -145,6 +145,7 @@ import gymnasium as gym, numpy as np
 import envs_for_tests as E
 from stepledger import LedgerEnv, LedgerVectorEnv
 directory, seconds = sys.argv[1], float(sys.argv[2])
+stop = os.path.join(directory, "stop")
 def make(i):
     return LedgerEnv(E.CountEnv(length=50), directory, index=i, keep_values=True)
 sync = gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(4)])
@@ -152,7 +153,9 @@ envs = LedgerVectorEnv(sync, os.path.join(directory, "trainer.npz"), keep_values
 envs.reset(seed=0)
 actions = np.zeros(4, dtype=np.int64)
 flushes, end = 0, time.time() + seconds
-while time.time() < end:
+# for the seconds given at the least, and on until the reader has read enough, five flushes or more (two minutes
+# on, with no reader, it gives up)
+while (time.time() < end or flushes < 5 or not os.path.exists(stop)) and time.time() < end + 120:
     for _ in range(300 if flushes else 5000):
         envs.step(actions)
     sync.call("flush")
@@ -184,6 +187,8 @@ def test_reader_never_sees_a_torn_file_while_a_writer_flushes(tmp_path):
         reads = compares = 0
         failures = []
         while writer.poll() is None:
+            if min(reads, compares) + len(failures) >= 5:
+                open(os.path.join(directory, "stop"), "w").close()  # enough: the writer ends at its next flush
             try:
                 with read(trainer) as led:
                     for stream in led.streams.values():

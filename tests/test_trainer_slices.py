@@ -76,9 +76,9 @@ def base_offsets(data):
 class Learner:
     """One learner's trainer file: the slices it was given, each offset given before its events."""
 
-    def __init__(self, path):
+    def __init__(self, path, flush_interval=None):
         self.ledger = TrainerLedger(path, ENVS, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-                                    gym.spaces.Discrete(2))
+                                    gym.spaces.Discrete(2), flush_interval=flush_interval)
         self.fragments, self.rows, self.end = {}, {}, {}
 
     def record(self, data, bases, sl):
@@ -182,10 +182,12 @@ def test_damaged_offsets_are_refused_with_one_line(tmp_path):
 
 
 CHILD = """
-import sys, time, numpy as np
+import math, sys, time, numpy as np
 sys.path.insert(0, %(tests)r)
 import test_trainer_slices as t
-learner = t.Learner(%(path)r)  # its recording begins now, as the run's do
+# its recording begins now, as the run's do; it spills when it flushes, not by time (a busy machine may take
+# longer than the default interval to reach the kill, and the idle spiller would write what it must lose)
+learner = t.Learner(%(path)r, flush_interval=math.inf)
 print('ready', flush=True)
 sys.stdin.readline()
 data = {i: [dict(np.load(%(data)r + '-%%d-%%d.npz' %% (i, k))) for k in range(3)] for i in range(t.ENVS)}

@@ -254,7 +254,7 @@ def test_call_get_attr_set_attr_reach_the_sub_envs(tmp_path, kind):
             assert venv.call("bump") == (("a", 11), ("b", 11), ("c", 11))
         if kind == "async":
             envs.call_async("bump")
-            assert envs.call_wait(timeout=10) == (("a", 12), ("b", 12), ("c", 12))
+            assert envs.call_wait(timeout=60) == (("a", 12), ("b", 12), ("c", 12))
         envs.reset(seed=0)
         envs.step(envs.action_space.sample())
     finally:
@@ -282,12 +282,12 @@ def test_step_async_and_reset_async_are_recorded(tmp_path, mode, keep):
                     opts = {"reset_mask": np.array([True, False, True])} if t == 7 else None
                     if split:
                         envs.reset_async(seed=t if t == 0 else None, options=opts)
-                        obs, _ = envs.reset_wait(timeout=20)
+                        obs, _ = envs.reset_wait(timeout=60)
                     else:
                         obs, _ = envs.reset(seed=t if t == 0 else None, options=opts)
                 if split:
                     envs.step_async(a)
-                    out = envs.step_wait(timeout=20)
+                    out = envs.step_wait(timeout=60)
                 else:
                     out = envs.step(a)
                 assert len(out) == 5
@@ -365,7 +365,7 @@ def test_results_dropped_by_a_step_wait_timeout_show_as_a_difference(tmp_path):
     with pytest.raises(multiprocessing.TimeoutError):
         envs.step_wait(timeout=0.01)
     envs.step_async(envs.action_space.sample())  # the envs' step-1 results are still in the pipes
-    envs.step_wait(timeout=20)
+    envs.step_wait(timeout=60)
     envs.close()
     assert_differs(d, d + "/trainer.npz", {0: (1, ["h_act"]), 1: (1, ["h_act"])})
 

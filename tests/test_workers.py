@@ -3,6 +3,7 @@ under fork, forkserver and spawn; and workers killed with SIGKILL."""
 
 import functools
 import glob
+import math
 import multiprocessing as mp
 import os
 import random
@@ -173,12 +174,13 @@ def record_forever(directory, memory_limit, started):
             env.reset()
 
 
-def close_big_ledger(directory, started):
+def close_big_ledger(directory, started, closed):
     """A worker that flushes a small ledger, records many more events in memory, then
-    is killed while it writes the final file."""
-    from stepledger import core
+    is killed while it writes the final file (or once it has written it: ``closed``)."""
+    from stepledger import LedgerEnv, core
     core.set_memory_limit(1 << 30)
-    env = E.make_count_env(0, directory, length=5)
+    # no spill but by memory (none here): however long the appends take, the idle spiller writes no segment
+    env = LedgerEnv(E.CountEnv(length=5), directory, index=0, flush_interval=math.inf)
     env.reset()
     for _ in range(9):
         env.step(0)
@@ -188,6 +190,7 @@ def close_big_ledger(directory, started):
         buf.append(0 if i % 6 == 0 else 1, i, i, 0, False, False)
     started.set()
     env.close()
+    closed.set()
     time.sleep(60)
 
 
@@ -216,13 +219,16 @@ def test_killed_at_any_moment(tmp_path, memory_limit):
 def test_killed_while_writing_the_final_file(tmp_path):
     ctx = mp.get_context("fork" if "fork" in METHODS else "spawn")
     results = set()
-    for delay in (0.05, 0.2, 0.4, 3.0):
+    for delay in (0.05, 0.2, 0.4, None):  # seconds into the write; None: once it is written
         directory = str(tmp_path / str(delay))
-        started = ctx.Event()
-        proc = ctx.Process(target=close_big_ledger, args=(directory, started))
+        started, closed = ctx.Event(), ctx.Event()
+        proc = ctx.Process(target=close_big_ledger, args=(directory, started, closed))
         proc.start()
         assert started.wait(60)
-        time.sleep(delay)
+        if delay is None:
+            assert closed.wait(120)
+        else:
+            time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         path = os.path.join(directory, "env-0.npz")
