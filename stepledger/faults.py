@@ -40,6 +40,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces as gs
 
+from .stack import own_attr
 from .vector import NEXT_STEP, final_obs_at, resolve_autoreset_mode
 
 VALUE_FIELDS = ("obs", "action", "reward", "final-obs")
@@ -843,6 +844,6 @@ def _ledger_index(env):
             if env.index is None:
                 break
             return int(env.index)
-        env = env.__dict__.get("env")
+        env = own_attr(env, "env")
     raise ValueError("FaultyParallelEnv: no index= and no LedgerParallelEnv inside that knows its index at the "
                      "first reset; give FaultyParallelEnv index= or the LedgerParallelEnv its index")

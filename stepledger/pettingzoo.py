@@ -37,7 +37,7 @@ from .live import settings_message
 from .recording import Recording, attend, check_directory, check_path, check_reward_dtype
 from .recording import flush_interval as resolve_flush_interval
 from .spaces import LeafLayout
-from .stack import slot_infos
+from .stack import own_attr, slot_infos
 from .trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
 
 __all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
@@ -328,7 +328,7 @@ def _supersuit_inner(venv):
 def _ledger_in(par_env):
     env = par_env
     while env is not None and not isinstance(env, LedgerParallelEnv):
-        env = env.__dict__.get("env")
+        env = own_attr(env, "env")
     return env
 
 
