@@ -72,6 +72,21 @@ def _assert_kept_actions_agree(directory, trainer_file, n):
         tr.close()
 
 
+def _steps_the_envs_edit(envs, directory, keep_values):
+    """Seven steps of actions each env clips in place, and close(): both sides recorded the actions sent."""
+    edited = 0
+    for actions in _sent_actions(7, 2):
+        before = actions.copy()
+        envs.step(actions)
+        edited += not np.array_equal(actions, before)
+    envs.close()
+    assert edited == 7  # the env did edit the very array the trainer sent
+    trainer = os.path.join(directory, "trainer.npz")
+    assert_clean(directory, trainer, n_envs=2)
+    if keep_values:
+        _assert_kept_actions_agree(directory, trainer, 2)
+
+
 @pytest.mark.parametrize("keep_values", [False, True])
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
 def test_gym_actions_are_taken_before_the_env_edits_them(tmp_path, core_impl, keep_values, mode):
@@ -82,16 +97,7 @@ def test_gym_actions_are_taken_before_the_env_edits_them(tmp_path, core_impl, ke
                          autoreset_mode=AutoresetMode(mode))
     envs = LedgerVectorEnv(venv, os.path.join(d, "trainer.npz"), keep_values=keep_values)
     envs.reset(seed=0)
-    edited = 0
-    for actions in _sent_actions(7, 2):
-        before = actions.copy()
-        envs.step(actions)
-        edited += not np.array_equal(actions, before)
-    envs.close()
-    assert edited == 7  # the env did edit the very array the trainer sent
-    assert_clean(d, os.path.join(d, "trainer.npz"), n_envs=2)
-    if keep_values:
-        _assert_kept_actions_agree(d, os.path.join(d, "trainer.npz"), 2)
+    _steps_the_envs_edit(envs, d, keep_values)
 
 
 @pytest.mark.parametrize("keep_values", [False, True])
@@ -104,16 +110,7 @@ def test_sb3_actions_are_taken_before_the_env_edits_them(tmp_path, core_impl, ke
     venv = LedgerVecEnv(DummyVecEnv([functools.partial(_clipping_env, d, i, keep_values) for i in range(2)]),
                         os.path.join(d, "trainer.npz"), keep_values=keep_values)
     venv.reset()
-    edited = 0
-    for actions in _sent_actions(7, 2):
-        before = actions.copy()
-        venv.step(actions)
-        edited += not np.array_equal(actions, before)
-    venv.close()
-    assert edited == 7
-    assert_clean(d, os.path.join(d, "trainer.npz"), n_envs=2)
-    if keep_values:
-        _assert_kept_actions_agree(d, os.path.join(d, "trainer.npz"), 2)
+    _steps_the_envs_edit(venv, d, keep_values)
 
 
 # ---------------------------------------------------------------- final_obs as a dict of arrays

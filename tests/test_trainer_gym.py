@@ -34,6 +34,15 @@ RESETS = {6: "all", 9: "ended", 11: ("seed", 7), 15: ("mask", [True, False, True
           22: ("mask", [False, True, False]), 25: "ended"}
 
 
+def steps_clean(envs, steps=8):
+    """A reset, ``steps`` random steps and close(): the env ledgers beside the trainer's agree with it."""
+    envs.reset(seed=0)
+    for _ in range(steps):
+        envs.step(envs.action_space.sample())
+    envs.close()
+    return assert_clean(os.path.dirname(envs.ledger_path), envs.ledger_path)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", VECTOR_KINDS)
 def test_clean_episode_ends_and_resets(tmp_path, kind, mode):
@@ -263,11 +272,7 @@ def test_unknown_mode_is_refused_unless_given(tmp_path):
             LedgerVectorEnv(venv, str(d / "t.npz"))
         given = "next_step" if mode == "NextStep" else AutoresetMode.SAME_STEP
         envs = LedgerVectorEnv(venv, str(d / "trainer.npz"), autoreset_mode=given)
-        envs.reset(seed=0)
-        for _ in range(8):
-            envs.step(envs.action_space.sample())
-        envs.close()
-        assert_clean(str(d), str(d / "trainer.npz"))
+        steps_clean(envs)
         assert read(str(d / "trainer.npz")).meta["autoreset_mode"] == ("next_step" if mode == "NextStep"
                                                                        else "same_step")
 
@@ -291,11 +296,7 @@ def test_gymnasium_1_0_vector_envs_are_next_step(tmp_path):
     envs = LedgerVectorEnv(venv, str(tmp_path / "trainer.npz"))
     venv.autoreset_mode = AutoresetMode.NEXT_STEP
     assert envs.autoreset_mode == "next_step"
-    envs.reset(seed=0)
-    for _ in range(8):
-        envs.step(envs.action_space.sample())
-    envs.close()
-    assert_clean(str(tmp_path), str(tmp_path / "trainer.npz"))
+    steps_clean(envs)
 
     class MySync(SyncVectorEnv):
         pass
@@ -315,11 +316,7 @@ def test_a_mode_written_into_shared_metadata_does_not_mislead(tmp_path, kind):
     venv.metadata["autoreset_mode"] = AutoresetMode.NEXT_STEP  # as a later NEXT_STEP vector env would
     envs = LedgerVectorEnv(venv, str(tmp_path / "trainer.npz"))
     assert envs.autoreset_mode == "same_step"
-    envs.reset(seed=0)
-    for _ in range(8):
-        envs.step(envs.action_space.sample())
-    envs.close()
-    assert_clean(str(tmp_path), str(tmp_path / "trainer.npz"))
+    steps_clean(envs)
 
 
 def test_reset_mask_of_the_wrong_shape_is_refused_before_the_reset(tmp_path):

@@ -47,6 +47,16 @@ def file_bytes(directory):
     return {p: open(p, "rb").read() for p in sorted(glob.glob(os.path.join(directory, "*.npz")))}
 
 
+def steps_then_close(venv, n, steps, directory):
+    """``steps`` steps of action 0 and close(): each env's final file and nothing temporary; the env ledgers."""
+    for _ in range(steps):
+        venv.step(np.zeros(n, dtype=np.int64))
+    venv.close()
+    assert sorted(os.listdir(directory)) == ["env-%d.npz" % i for i in range(n)]
+    assert no_temp_files(directory)
+    return read(directory)
+
+
 # ---------------------------------------------------------------- normal runs
 
 @pytest.mark.parametrize("method", METHODS)
@@ -57,12 +67,7 @@ def test_async_vector_env(tmp_path, method):
     envs = AsyncVectorEnv(fns, context=method)
     assert not os.listdir(directory)  # the throwaway env-0 built in this process wrote nothing
     envs.reset(seed=0)
-    for _ in range(steps):
-        envs.step(np.zeros(n, dtype=np.int64))
-    envs.close()
-    assert sorted(os.listdir(directory)) == ["env-%d.npz" % i for i in range(n)]
-    assert no_temp_files(directory)
-    led = read(directory)
+    led = steps_then_close(envs, n, steps, directory)
     assert not led.partial and list(led.streams) == list(range(n))
     for i in range(n):
         cols = led.streams[i].columns
@@ -84,12 +89,7 @@ def test_sb3_subproc_vec_env(tmp_path, method):
     fns = [functools.partial(E.make_count_env, i, directory, length=4 + i) for i in range(n)]
     venv = SubprocVecEnv(fns, start_method=method)
     venv.reset()
-    for _ in range(steps):
-        venv.step(np.zeros(n, dtype=np.int64))
-    venv.close()
-    assert sorted(os.listdir(directory)) == ["env-%d.npz" % i for i in range(n)]
-    assert no_temp_files(directory)
-    led = read(directory)
+    led = steps_then_close(venv, n, steps, directory)
     for i in range(n):
         length = 4 + i
         # same-step autoreset: each vector step is a step, plus a reset when the episode ends
