@@ -47,6 +47,14 @@ def write_section(name, body):
         f.write(text)
 
 
+def show(name, text, write=True):
+    """Print a benchmark's figures, and with ``write`` (not a --quick or --no-write run) put them in
+    RESULTS.md as its section ``name``."""
+    print(text)
+    if write:
+        write_section(name, text)
+
+
 def take_turns(steppers, actions, block, times):
     """Step each of ``steppers`` ({key: step function}) through ``actions`` in turns of ``block`` steps,
     appending each turn's µs per step to ``times[key]``: a busy moment on a shared machine falls on the

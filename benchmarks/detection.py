@@ -66,7 +66,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import SubprocVecEnv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, show  # noqa: E402
 
 from stepledger import LedgerEnv, compare  # noqa: E402
 from stepledger.check import is_located  # noqa: E402
@@ -318,10 +318,7 @@ def main():
         print("[%d/%d] %s %s, dose %s, seed %d: %s (%.1f s; %.0f s so far, about %.0f s to go)" % (
             k + 1, len(plan), env_id, fault or "fault-free", dose, seed, r["line"], r["seconds"], elapsed,
             elapsed / (k + 1) * (len(plan) - k - 1)), file=sys.stderr, flush=True)
-    text = table(results, args, time.perf_counter() - started)
-    print(text)
-    if not (args.quick or args.no_write):
-        write_section("detection", text)
+    show("detection", table(results, args, time.perf_counter() - started), write=not (args.quick or args.no_write))
 
 
 if __name__ == "__main__":

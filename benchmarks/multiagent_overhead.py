@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import machine, take_turns, write_section  # noqa: E402
+from _results import machine, show, take_turns  # noqa: E402
 
 CONFIGS = ("none", "env", "trainer", "both", "live")
 FORMS = ("gymnasium", "stable_baselines3")
@@ -230,10 +230,7 @@ def main():
             "few µs are rarely interrupted, so these figures stay close to what the ledgers cost. The env side's "
             "figure includes one wrapper's Python frame, and not the autoreset's reset (SuperSuit calls it apart "
             "from the step)."]
-    text = "\n".join(out)
-    print(text)
-    if not args.quick:
-        write_section("multiagent_overhead", text)
+    show("multiagent_overhead", "\n".join(out), write=not args.quick)
 
 
 if __name__ == "__main__":

@@ -377,7 +377,7 @@ def main():
     if args.memory_limit_mb is not None:  # the fresh processes read it at import
         os.environ["STEPLEDGER_MEMORY_LIMIT"] = str(int(args.memory_limit_mb * MB))
     sys.path.insert(0, HERE)
-    from _results import machine, write_section
+    from _results import machine, show
 
     n = args.num_envs
     tmp = tempfile.mkdtemp(prefix="stepledger-storage-", dir=args.tmpdir)
@@ -390,10 +390,7 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out += ["", "Each part ran in a fresh process; the whole run took %.0f s." % (time.perf_counter() - started)]
-    text = "\n".join(out)
-    print(text)
-    if not (args.quick or args.no_write):
-        write_section("storage", text)
+    show("storage", "\n".join(out), write=not (args.quick or args.no_write))
 
 
 def bytes_table(args, n, tmp):

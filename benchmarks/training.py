@@ -43,7 +43,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import SubprocVecEnv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import machine, write_section  # noqa: E402
+from _results import machine, show  # noqa: E402
 
 from stepledger import LedgerEnv, compare  # noqa: E402
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
@@ -186,10 +186,7 @@ def main():
             args.num_envs, args.start_method, ", ".join(map(str, args.seeds)), "; ".join(settings)), ""] + rows
     out += [""] + summary + ["", "The paper: a median %+.0f%% training time on Pendulum, weights unchanged in all "
                              "216 runs. Whole run: %.0f s." % (100 * (PAPER_RATIO - 1), time.perf_counter() - started)]
-    text = "\n".join(out)
-    print(text)
-    if not (args.quick or args.no_write):
-        write_section("training", text)
+    show("training", "\n".join(out), write=not (args.quick or args.no_write))
 
 
 if __name__ == "__main__":

@@ -84,10 +84,9 @@ def test_async_vector_env(tmp_path, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_sb3_subproc_vec_env(tmp_path, method):
     from stable_baselines3.common.vec_env import SubprocVecEnv
-    directory = str(tmp_path)
-    n, steps = 2, 11
-    fns = [functools.partial(E.make_count_env, i, directory, length=4 + i) for i in range(n)]
-    venv = SubprocVecEnv(fns, start_method=method)
+    directory, n, steps = str(tmp_path), 2, 11
+    venv = SubprocVecEnv([functools.partial(E.make_count_env, i, directory, length=4 + i) for i in range(n)],
+                         start_method=method)
     venv.reset()
     led = steps_then_close(venv, n, steps, directory)
     for i in range(n):
