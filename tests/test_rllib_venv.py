@@ -3,12 +3,12 @@
 The venv is built once and kept (``$STEPLEDGER_RAY_VENV``, by default under the temporary directory), under
 a file lock: the CPU torch first (an unpinned one would pull a CUDA build of gigabytes), then
 ``ray[rllib]==2.60.0`` and what the tests need. Then pytest runs tests/test_rllib.py there as a subprocess,
-with this checkout on its path, and must pass with nothing skipped. It skips, with the reason, only where
-the venv cannot be built (no package index).
+with this checkout on its path, and must pass with nothing skipped; a failure names each inner test that
+failed, with its assertion (from the inner run's JUnit XML), before the tail of its output. It skips, with the
+reason, only where the venv cannot be built (no package index).
 """
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +35,30 @@ def ray_python():
                        "2.60.0", install_timeout=1200)
 
 
-def test_the_rllib_tests_pass_in_their_own_venv(ray_python):
+def inner_results(junit_xml):
+    """(tests run, [(test name, its exception's first line, its assertion's "E" lines)], [skipped tests]) from
+    the inner pytest's JUnit XML, or None where it wrote none (pytest itself did not run)."""
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.parse(junit_xml).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    tests, failed, skipped = 0, [], []
+    for case in root.iter("testcase"):
+        tests += 1
+        for tag in ("failure", "error"):
+            for bad in case.findall(tag):
+                # pytest's message is the exception's first line; the text below it holds the assertion's lines
+                lines = [ln for ln in (bad.text or "").splitlines() if ln.startswith("E ")]
+                message = bad.get("message") or ""
+                failed.append(("%s (%s)" % (case.get("name"), tag), message.splitlines()[0][:300] if message else "",
+                               "\n".join(lines[:12])))
+        if case.find("skipped") is not None:
+            skipped.append("%s: %s" % (case.get("name"), case.find("skipped").get("message", "")))
+    return tests, failed, skipped
+
+
+def test_the_rllib_tests_pass_in_their_own_venv(ray_python, tmp_path):
     try:
         import ray.rllib  # noqa: F401
     except ImportError:
@@ -44,11 +67,20 @@ def test_the_rllib_tests_pass_in_their_own_venv(ray_python):
         pytest.skip("Ray RLlib is installed here: tests/test_rllib.py ran in this suite itself")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPLEDGER_REQUIRE_CORE")}
     env["PYTHONPATH"] = ROOT  # this checkout, with its compiled core if it imports there (else the fallback)
-    proc = subprocess.run([ray_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           os.path.join(ROOT, "tests", "test_rllib.py")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1500)
-    out = proc.stdout + proc.stderr
-    print(out[-6000:])
-    assert proc.returncode == 0, out[-6000:]
-    summary = out.strip().splitlines()[-1]
-    assert re.search(r"\d+ passed", summary) and "skipped" not in summary and "failed" not in summary, summary
+    junit = str(tmp_path / "rllib.xml")
+    proc = subprocess.run([ray_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
+                           "--junitxml=" + junit, os.path.join(ROOT, "tests", "test_rllib.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1500)
+    print(proc.stdout[-6000:])
+    print(proc.stderr[-3000:], file=sys.stderr)
+    results = inner_results(junit)
+    tail = "\n--- the inner pytest's output ends:\n" + proc.stdout[-4000:] + "\n--- its stderr ends:\n" + \
+        proc.stderr[-1500:]
+    assert results is not None, "the RLlib tests did not run (pytest exited with %d, no report)%s" % (
+        proc.returncode, tail)
+    tests, failed, skipped = results
+    named = "".join("\n  %s: %s\n%s" % (name, message, lines) for name, message, lines in failed)
+    assert not failed, "%d of the %d RLlib tests failed in their venv:%s%s" % (len(failed), tests, named, tail)
+    assert not skipped, "RLlib tests skipped in their venv: %s" % "; ".join(skipped)
+    assert tests and proc.returncode == 0, "the RLlib tests' pytest exited with %d after %d tests passed%s" % (
+        proc.returncode, tests, tail)
