@@ -706,10 +706,21 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
         differences = []
         hint = False
+        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped} - {None}
+        uncompared = set()
         for k, e in enumerate(envs):
             if progress is not None:
                 progress(k, len(envs))
             es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
+            if es is None and e in other_runs:
+                uncompared.add(e)  # its env ledger is another run's (a line says so): nothing of its run to compare
+                continue
+            if es is None and how_it_ended(ts.meta) == wording.IN_PROGRESS:
+                # a run going on: its env ledger may not have written anything yet; the compare after
+                # the run, or a later one, tells
+                notes.append(wording.no_env_ledger_yet(e, len(ts)))
+                uncompared.add(e)
+                continue
             if es is None or ts is None:
                 differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
                                                  env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
@@ -735,6 +746,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             differences.append(d)
         if progress is not None:
             progress(len(envs), len(envs))
+        envs = [e for e in envs if e not in uncompared]
         if differences:  # a difference is reported from files whose every checksum holds, never from damage
             differing = [d.env for d in differences]
             env_ledger.verify(differing)

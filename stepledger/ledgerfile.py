@@ -14,8 +14,10 @@ import contextlib
 import io
 import json
 import os
+import re
 import stat
 import struct
+import warnings
 import zipfile
 import zlib
 
@@ -417,6 +419,75 @@ def read_directory(fd, size, path):
     return entries
 
 
+# A .npy header's dict, read without ast: numpy's own reader runs ast.literal_eval, which CPython 3.11
+# can fail ("AST constructor recursion depth mismatch") when two threads parse at once, as the idle
+# spiller and a recording thread merging segments do. Strings, ints, True/False and punctuation only.
+_HEADER_TOKEN = re.compile(r"""\s*(?:'([^'\\\n]*)'|"([^"\\\n]*)"|(0(?![0-9])|[1-9][0-9]{0,18})|(True|False)|([{}():,\[\]]))""")
+_HEADER_KEYS = ("descr", "fortran_order", "shape")
+
+
+def _header_fields(text):
+    """{'descr': str, 'fortran_order': bool, 'shape': tuple of ints} from a .npy header's text."""
+    tokens, pos, end = [], 0, len(text.rstrip())
+    while pos < end:
+        m = _HEADER_TOKEN.match(text, pos)
+        if m is None:
+            raise ValueError("bad .npy header (unexpected %r)" % text[pos:pos + 12].strip())
+        s1, s2, number, word, punct = m.groups()
+        tokens.append(("str", s1 if s1 is not None else s2) if s1 is not None or s2 is not None else
+                      ("int", int(number)) if number is not None else
+                      ("bool", word == "True") if word is not None else (punct, None))
+        pos = m.end()
+    tokens.append(("end", None))
+    at = 0
+
+    def take(kind):
+        nonlocal at
+        got, value = tokens[at]
+        if got != kind:
+            raise ValueError("bad .npy header (%s where %s belongs)" % (got, kind))
+        at += 1
+        return value
+
+    fields = {}
+    take("{")
+    while tokens[at][0] != "}":
+        key = take("str")
+        take(":")
+        kind = tokens[at][0]
+        if kind == "(":
+            at += 1
+            shape = []
+            while tokens[at][0] != ")":
+                shape.append(take("int"))
+                if tokens[at][0] != ")":
+                    take(",")
+                elif len(shape) == 1 and tokens[at - 1][0] != ",":
+                    raise ValueError("bad .npy header (a shape of one dimension without its comma)")
+            at += 1
+            value = tuple(shape)
+        elif kind == "[":
+            raise ValueError("bad .npy header (a structured dtype; a ledger's arrays are plain)")
+        elif kind in ("str", "bool"):
+            value = tokens[at][1]
+            at += 1
+        else:
+            raise ValueError("bad .npy header (%s where a value belongs)" % kind)
+        if key in fields:
+            raise ValueError("bad .npy header (key %r twice)" % key)
+        fields[key] = value
+        if tokens[at][0] != "}":
+            take(",")
+    at += 1
+    take("end")
+    if sorted(fields) != sorted(_HEADER_KEYS):
+        raise ValueError("bad .npy header (keys %s, not %s)" % (", ".join(sorted(fields)), ", ".join(_HEADER_KEYS)))
+    if not isinstance(fields["descr"], str) or not isinstance(fields["fortran_order"], bool) \
+            or not isinstance(fields["shape"], tuple):
+        raise ValueError("bad .npy header (a value of the wrong type)")
+    return fields
+
+
 def _parse_npy_header(prefix):
     """(shape, fortran order, dtype, header length) of a .npy header at the start of ``prefix``."""
     if len(prefix) < 10 or prefix[:6] != b"\x93NUMPY":
@@ -424,25 +495,28 @@ def _parse_npy_header(prefix):
     version = (prefix[6], prefix[7])
     if version == (1, 0):
         start, length = 10, struct.unpack_from("<H", prefix, 8)[0]
-        read_header = np.lib.format.read_array_header_1_0
-    elif version == (2, 0):
+    elif version in ((2, 0), (3, 0)):
         if len(prefix) < 12:
             raise ValueError("not a .npy array")
         start, length = 12, struct.unpack_from("<I", prefix, 8)[0]
-        read_header = np.lib.format.read_array_header_2_0
     else:
         raise ValueError(".npy version %d.%d" % version)
     if length > S.MAX_NPY_HEADER:
         raise ValueError(".npy header of %d bytes" % length)
     if len(prefix) < start + length:
         raise ValueError(".npy header cut short")
-    f = io.BytesIO(prefix[:start + length])
-    f.seek(8)
     try:
-        shape, fortran, dtype = read_header(f, max_header_size=S.MAX_NPY_HEADER + 1)
-    except Exception as exc:  # numpy's parser of an untrusted header: whatever it raises
-        raise ValueError("bad .npy header (%s)" % _short(exc)) from None
-    return tuple(int(d) for d in shape), bool(fortran), dtype, start + length
+        text = prefix[start:start + length].decode("utf-8" if version == (3, 0) else "latin1")
+    except UnicodeDecodeError:
+        raise ValueError("bad .npy header (not text)") from None
+    fields = _header_fields(text)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a deprecated type alias is read as numpy reads it, without a word
+            dtype = np.dtype(fields["descr"])
+    except Exception as exc:  # an untrusted type string: whatever numpy raises for it
+        raise ValueError("bad .npy header (dtype %r: %s)" % (fields["descr"][:40], _short(exc))) from None
+    return fields["shape"], fields["fortran_order"], dtype, start + length
 
 
 class _ColumnSource:

@@ -756,6 +756,7 @@ class Recording:
         if any(c > d for c, d in zip(cuts, self._done)):
             self._write_spill(segment)
             self._done = cuts
+            self._merge()
 
     def _clean_leftovers(self):
         """Before this recording first writes: remove what killed writers of this path left."""
@@ -785,7 +786,11 @@ class Recording:
         if threading.get_ident() != self._thread:
             self.write()
             return
-        self.spill()
+        try:
+            self.spill()
+        except OSError as exc:  # its events stay in memory: a later spill, or close(), writes them
+            raise LedgerError("%s: cannot write the ledger %s (%s)" % (self.owner, self.path, _short(exc))) \
+                from None
         if self.remote and not self.closed:
             self._remote.wait()
 
@@ -809,23 +814,30 @@ class Recording:
             self._done = [0] * len(self.buffers)
             self._spilled_events += n
             self.due = time.monotonic() + self.interval
+            self._merge()
 
     def _write_spill(self, segment):
-        """Write ``segment`` (events no segment holds yet) as the next spill segment, then merge."""
+        """Write ``segment`` (events no segment holds yet) as the next spill segment.
+
+        Once this returns the segment holds them: the caller marks them written before it merges
+        (``_merge``), so that a merge that fails (a full disk, a segment that cannot be read back)
+        leaves segments unmerged, never events written twice by the retry."""
         self._clean_leftovers()
         first = not self._segs
-        if first and not self.remote:
-            # An earlier run's pieces, and its final file unless this recording
-            # wrote it: if this process is killed, read() must find this run's
-            # segments, not an older run's ledger. (At a URL the uploader does it.)
-            self._remove_stale_segments()
-            if self._written_events == 0 and os.path.exists(self.path):
-                os.unlink(self.path)
         k = self._next_segment
         path, local = self._write_segment(k, k, [segment], before=self._remove_earlier_run if first else None)
         self._segs.append(_SegmentFile(k, k, 0, path, local))
         self._next_segment = k + 1
-        self._merge()
+        if first and not self.remote:
+            # An earlier run's pieces, and its final file unless this recording
+            # wrote it: if this process is killed, read() must find this run's
+            # segments, not an older run's ledger. Only now, with this run's first
+            # segment in place: a reader meanwhile finds the earlier run's ledger and
+            # this one's segment, and takes the recording that began last, never
+            # nothing. (At a URL the uploader does it, before the first upload.)
+            self._remove_stale_segments()
+            if self._written_events == 0:
+                _remove(self.path, False)
 
     def _write_segment(self, first, last, segments, before=None):
         name = segment_name(first)

@@ -369,6 +369,12 @@ def one_side_line(env, side, events, agents=None):
         stream_name(env, agents), side, events, other)
 
 
+def no_env_ledger_yet(env, events):
+    """A trainer stream of a run in progress whose env has no ledger of this run yet."""
+    return ("env %d: no env ledger of this run yet (the trainer ledger is in progress, %s events so far): not "
+            "compared" % (env, f"{events:,}"))
+
+
 def length_line(env, episode, step, env_events, trainer_events, agents=None):
     """Two streams that agree as far as both go, in a run that ended cleanly: one stops early."""
     shorter = "trainer" if trainer_events < env_events else "env"
