@@ -62,7 +62,9 @@ from .ledgerfile import Segment, segment_from_file, spill_dir, values_member, wr
 from .uploader import RemoteLedger
 
 _OPEN = {}  # id -> Recording, for the exit handlers; strong refs so nothing is lost to GC
-_LOCK = threading.Lock()
+# Reentrant: the SIGTERM handler runs in the main thread between two bytecodes, maybe while that
+# thread holds it (a LedgerEnv being built or closed), and closes every recording, taking it again.
+_LOCK = threading.RLock()
 _HOST = socket.gethostname()
 _MERGE = 8  # segments of one size merged into one
 _MERGE_MAX_BYTES = 32 << 20  # but not into one larger than this: big segments are few already
@@ -235,7 +237,7 @@ def _forget_parent_recordings():
     # them from here, and start this process's memory count afresh. The parent's
     # idle spiller is not running here, and its locks may have been held at the fork.
     global _LOCK
-    _LOCK = threading.Lock()
+    _LOCK = threading.RLock()
     _IdleSpiller.cond, _IdleSpiller.running = threading.Condition(), False
     for key, rec in list(_OPEN.items()):
         if rec.pid != os.getpid():

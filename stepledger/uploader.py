@@ -134,13 +134,13 @@ class _Uploader:
 
 
 _UPLOADER = None
-_UPLOADER_LOCK = threading.Lock()
+_UPLOADER_LOCK = threading.RLock()  # reentrant: the SIGTERM handler may run while the main thread holds it
 
 
 def _after_fork_in_child():
     # The parent's thread is not in the child, and its lock may have been held at the fork.
     global _UPLOADER, _UPLOADER_LOCK
-    _UPLOADER, _UPLOADER_LOCK = None, threading.Lock()
+    _UPLOADER, _UPLOADER_LOCK = None, threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
