@@ -205,7 +205,10 @@ def pattern(field, n, stats, episode, step):
 
 # ---------------------------------------------------------------- stepledger check: a rollout too short
 
-NO_OPPORTUNITY = "no opportunity in this rollout"
+# The fault met the events it needs, and changed none of their values: no rollout, however long, would
+# show it on this env (1.0 survives float16; a Discrete action has no value to clip).
+NO_OPPORTUNITY = ("no opportunity: it changed none of the values it met, which this env's values survive "
+                  "(a longer rollout would not change that)")
 _END_WORDS = {"end": "an episode end", "termination": "a termination", "truncation": "a truncation"}
 
 

@@ -318,6 +318,7 @@ def test_check_junit_one_case_per_fault(tmp_path):
     assert cases["clean run"].find("failure") is None and cases["obs:zero"].find("failure") is None
     # CartPole's rewards are all 1.0, which float16 keeps: no opportunity, skipped rather than failed
     assert cases["reward:f16"].find("skipped") is not None and cases["reward:f16"].find("failure") is None
+    assert "a longer rollout would not change that" in cases["reward:f16"].find("skipped").get("message")
     assert root.get("failures") == ("0" if proc.returncode == 0 else root.get("failures"))
     short = tmp_path / "short.xml"
     proc = run_cli("check", "CartPole-v1", "--steps", "3", "--faults", "obs:zero", "--junit", str(short))
