@@ -1,5 +1,6 @@
 """Side virtual environments the suite builds itself (another Gymnasium version, Ray RLlib), cached between
-runs and built once under a file lock, so that two sessions never build the same venv at once."""
+runs and built once under a file lock, so that two sessions never build the same venv at once; and the
+other way round, installed packages hidden from a fresh interpreter (``hiding``)."""
 
 import os
 import shutil
@@ -7,6 +8,17 @@ import subprocess
 import sys
 
 import pytest
+
+
+def hiding(*packages):
+    """Python source to run first in a fresh interpreter: importing any of ``packages`` (or a module in one)
+    then fails, as on a machine where they are not installed."""
+    return ("import sys\n"
+            "class _Hidden:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.partition('.')[0] in " + repr(packages) + ":\n"
+            "            raise ImportError('No module named ' + repr(name) + ' (hidden by the test)')\n"
+            "sys.meta_path.insert(0, _Hidden())\n")
 
 
 def python_in(venv):

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from side_venv import hiding
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 try:
@@ -15,14 +17,7 @@ try:
 except ImportError:  # Python 3.10
     tomllib = None
 
-_NO_ISAL = r"""
-import sys
-class _NoIsal:
-    def find_spec(self, name, path=None, target=None):
-        if name == "isal" or name.startswith("isal."):
-            raise ImportError("isal is not installed here")
-sys.meta_path.insert(0, _NoIsal())
-"""
+_NO_ISAL = hiding("isal")
 
 _RUN = r"""
 import functools, json, os, sys

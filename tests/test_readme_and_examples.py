@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from side_venv import hiding
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -122,13 +124,7 @@ def test_check_command_on_a_registered_env(tmp_path):
 
 
 def test_check_names_the_sb3_extra_when_sb3_is_missing(tmp_path):
-    code = r"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "stable_baselines3" or name.startswith("stable_baselines3."):
-            raise ImportError("blocked")
-sys.meta_path.insert(0, Block())
+    code = hiding("stable_baselines3") + r"""
 from stepledger.cli import main
 sys.exit(main(["check", "Pendulum-v1", "--vector", "subproc", "--steps", "5"]))
 """
@@ -137,13 +133,8 @@ sys.exit(main(["check", "Pendulum-v1", "--vector", "subproc", "--steps", "5"]))
     assert "plugrl-stepledger[sb3]" in proc.stderr and "Traceback" not in proc.stderr
 
 
-_BLOCK_SB3 = r"""
-import runpy, sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "stable_baselines3" or name.startswith("stable_baselines3."):
-            raise ImportError("blocked")
-sys.meta_path.insert(0, Block())
+_BLOCK_SB3 = hiding("stable_baselines3") + r"""
+import runpy
 sys.argv = [%r] + %r
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

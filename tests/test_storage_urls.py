@@ -16,6 +16,8 @@ import pytest
 fsspec = pytest.importorskip("fsspec")
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
+from side_venv import hiding  # noqa: E402
+
 from stepledger import LedgerEnv, LedgerVectorEnv, compare, core, read, storage  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 from stepledger.faults import FaultyEnv  # noqa: E402
@@ -292,13 +294,7 @@ def test_unknown_protocol_fails_when_the_wrapper_is_built():
 def test_without_fsspec(run_python, tmp_path):
     # fsspec hidden by an import blocker: a URL says which extra to install, in one line; plain paths and
     # file:// URLs work and never import fsspec.
-    out = run_python("""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "fsspec" or name.startswith("fsspec."):
-            raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, Block())
+    out = run_python(hiding("fsspec") + """
 import io, contextlib, gymnasium as gym
 from stepledger import LedgerEnv, compare
 from envs_for_tests import record_cartpole_run

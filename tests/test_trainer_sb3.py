@@ -13,6 +13,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvW
 from stepledger import core, read  # noqa: E402
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
 
+from side_venv import hiding  # noqa: E402
 from trainer_envs import (SB3_ACTION_NAMES, SB3_SPACE_NAMES, assert_clean, assert_differs, event_at,  # noqa: E402
                           factories, make_ledger_gym, make_scalar_obs_env, run_sb3, streams)
 
@@ -317,15 +318,7 @@ def test_ppo_cartpole_terminations(tmp_path):
 
 # ---------------------------------------------------------------- without SB3
 
-_HIDE_SB3 = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "stable_baselines3" or name.startswith("stable_baselines3."):
-            raise ImportError("No module named 'stable_baselines3' (hidden by the test)")
-        return None
-sys.meta_path.insert(0, _Block())
-"""
+_HIDE_SB3 = hiding("stable_baselines3")
 
 
 def test_import_without_sb3(run_python):
