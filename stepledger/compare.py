@@ -252,8 +252,9 @@ def _env_notes(env_ledger, env_dir):
     for idx, stream in env_ledger.streams.items():
         ended = how_it_ended(stream.meta)
         if ended is not None:
-            groups.setdefault(ended, []).append(idx)
-    return [wording.env_files_ended(env_dir, idxs, ended) for ended, idxs in sorted(groups.items())]
+            agents = stream.meta.get(S.META_POSSIBLE_AGENTS)  # a multi-agent copy's file holds a stream per agent
+            groups.setdefault(ended, set()).add(idx // len(agents) if isinstance(agents, list) and agents else idx)
+    return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())]
 
 
 def _ends_note(env_id, es, ts):

@@ -1,6 +1,7 @@
 """The multi-agent env side: LedgerParallelEnv around PettingZoo parallel envs, with SuperSuit's vector envs
 and the SB3 trainer side (issue 19, first part)."""
 
+import gc
 import os
 
 import numpy as np
@@ -31,6 +32,29 @@ def supersuit_run(d, max_cycles, steps, copies=2, continuous=False):
         venv.step(np.array([space.sample() for _ in range(venv.num_envs)]))
     venv.close()
     return compare(d, os.path.join(d, "trainer.npz"))
+
+
+def test_a_run_in_progress_is_told_by_its_copies_files(tmp_path):
+    """The line on env ledgers still being written names each copy's file once (env-0.npz holds agents 0-2)."""
+    d = str(tmp_path)
+    env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=10), d)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=0, base_class="stable_baselines3")
+    index_supersuit_copies(venv)
+    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+    venv.reset()
+    for _ in range(7):
+        venv.step(np.zeros(6, np.int64))
+    copies = [c for c in gc.get_objects() if isinstance(c, LedgerParallelEnv)]  # the pickled copies, in-process
+    assert len(copies) >= 2
+    for copy in copies:
+        copy.flush()
+    venv.ledger.flush()
+    try:
+        report = compare(d, os.path.join(d, "trainer.npz"))
+        assert report.ok, str(report)
+        assert "%s: env-0.npz, env-1.npz in progress" % d in report.notes, report.notes
+    finally:
+        venv.close()
 
 
 @pytest.mark.parametrize("continuous", [False, True])
