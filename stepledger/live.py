@@ -129,6 +129,7 @@ class LiveCheck:
         self.streams = streams    # the env stream each env (slot) carries; None: env i carries stream i
         self.agents = None        # a multi-agent env side's possible_agents, from its first token's settings
         self.faults = []
+        self.later = {}  # env (slot) -> mismatches after its first fault: not delivered, they follow from it
         self._silent = set()
 
     def _stream(self, i):
@@ -190,6 +191,17 @@ class LiveCheck:
                 pending.append(fault)
         if first_index:
             pending[:0] = self._slot_faults(first_index) if agents else self._index_faults(first_index)
+        # An env's first fault is delivered; what its stream shows after it follows from it (a step filled
+        # in shifts every later event, black_death_v3's padding never ends), as compare reports an env's
+        # first difference: counted in ``later``, not delivered.
+        fresh = []
+        for fault in pending:
+            if fault.env in self.later:
+                self.later[fault.env] += 1
+            else:
+                self.later.setdefault(fault.env, 0)
+                fresh.append(fault)
+        pending = fresh
         for fault in pending:
             self.faults.append(fault)
         for fault in pending:

@@ -336,6 +336,11 @@ class TrainerLedger:
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
         return self._live.faults if self._live is not None else []
 
+    @property
+    def live_later(self):
+        """Per env (slot) that had a live fault, the mismatches after it: they follow from it, not delivered."""
+        return dict(self._live.later) if self._live is not None else {}
+
     def set_on_fault(self, on_fault):
         """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
         if self._live is not None:

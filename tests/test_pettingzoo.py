@@ -167,6 +167,27 @@ def test_black_death_padding_is_one_finding_at_the_agent_that_left(tmp_path):
     assert report.to_dict()["differences"][1]["steps_never_taken"] == 3
 
 
+def test_black_death_in_live_mode_is_one_fault_per_agent(tmp_path):
+    """Live, black_death_v3's padding is told once per agent, where it left, as compare tells it: the padded
+    steps that follow (no token, then every later event shifted) are counted, not delivered as more faults."""
+    d = str(tmp_path)
+    env = ss.black_death_v3(LedgerParallelEnv(TwoLeaveApart(), d, live=True))
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 1, num_cpus=0, base_class="stable_baselines3")
+    index_supersuit_copies(venv)
+    venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"), live=True, on_fault="record")
+    venv.reset()
+    for _ in range(14):  # three episodes
+        venv.step(np.ones(venv.num_envs, dtype=np.int64))
+    faults = [(f.agent, f.episode, f.step, f.fields) for f in venv.live_faults]
+    later = venv.ledger.live_later
+    venv.close()
+    assert faults == [("agent_1", 0, 2, ("terminated",)), ("agent_0", 0, 4, ("truncated",))], faults
+    assert later[1] > 10 and later[0] > 10, later  # what followed: steps never given, events shifted
+    by = compare(d, os.path.join(d, "trainer.npz")).by_env()
+    assert [(by[e].episode, by[e].step, by[e].fields) for e in (1, 0)] == [(0, 2, ("terminated",)),
+                                                                          (0, 4, ("truncated",))]
+
+
 def test_black_death_phantom_step_at_a_time_limit(tmp_path):
     """mpe2 simple_spread with max_cycles=3 under black_death_v3: the episode's end reaches the trainer one
     step late, on a step the env never took."""
