@@ -17,7 +17,7 @@ from . import storage
 from . import wording
 from ._report import DifferenceReport
 from .errors import LedgerError, SettingsError
-from .ledgerfile import CHUNK
+from .ledgerfile import CHUNK, positions
 from .read import FIRST_EVENTS, MergedLedger, env_index_of, fragments_of, pid_state, read, read_ledger, read_trainers
 from .spaces import is_variable_description, leaf_names
 from .wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
@@ -28,7 +28,9 @@ class EnvDifference:
 
     ``what`` is ``"fields"`` (values differ at an event), ``"kind"`` (a reset
     on one side, a step on the other), ``"length"`` (the streams agree but
-    one ends first) or ``"one_side"`` (the env is in one ledger only).
+    one ends first), ``"one_side"`` (the env is in one ledger only) or
+    ``"overlap"`` (events that two trainer files hold, from ``event`` on:
+    ``detail`` has their ``events`` and ``files``).
     ``episode`` and ``step`` locate the event on the env side; ``fields``
     lists the differing fields in report order; ``env_values`` and
     ``trainer_values`` map a field to its printed value where known.
@@ -55,6 +57,9 @@ class EnvDifference:
         if self.what == "length":
             return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events,
                                        self.agents)
+        if self.what == "overlap":
+            return wording.overlap_line(self.env, self.episode, self.step, *self.detail["events"],
+                                        *self.detail["files"], self.agents)
         line = wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
                                        self.trainer_values, self.detail, self.agents)
         if self.untold is not None:
@@ -90,6 +95,9 @@ class EnvDifference:
                 d["first_element"] = self.detail
         if self.what == "length":
             d.update(episode=self.episode, step=self.step)
+        if self.what == "overlap":
+            d.update(event=self.event, episode=self.episode, step=self.step, events=list(self.detail["events"]),
+                     files=list(self.detail["files"]))
         if self.what == "one_side":
             d["side"] = self.side
         d["env_events"], d["trainer_events"] = self.env_events, self.trainer_events
@@ -338,6 +346,14 @@ def _compare_stream(env_stream, tr_stream, count_all):
     if counts is not None:
         counts["where"] = where
     return first, counts, position
+
+
+def _position_of(stream, index):
+    """(episode, step) of event ``index`` of a stream, read chunk by chunk."""
+    carry = (-1, 0)
+    for start in range(0, index + 1, CHUNK):
+        _, _, carry = positions(_read_rows(stream, ("kind",), start, min(start + CHUNK, index + 1))["kind"], carry)
+    return carry
 
 
 def _advance(kind, carry):
@@ -705,6 +721,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
         # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
         envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
+        overlaps = getattr(tr_ledger, "overlaps", {})
         differences = []
         hint = False
         other_runs = {env_index_of(name) for name, _ in env_ledger.skipped} - {None}
@@ -727,7 +744,17 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                                                  env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
                 continue
             first, counts, position = _compare_stream(es, ts, count_all)
-            if first >= 0:
+            overlap = overlaps.get(e)
+            if overlap is not None and 0 <= first < overlap[0]:
+                notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
+                overlap = None
+            if overlap is not None:
+                # events two learners got: the stitched stream holds them once, in step with the env's
+                # (read.stitch); the difference is at the first of them
+                o = overlap[0]
+                d = EnvDifference(e, "overlap", o, *_position_of(es if o < len(es) else ts, o),
+                                  detail={"events": overlap[:2], "files": overlap[2:]})
+            elif first >= 0:
                 d = _difference_at(e, es, ts, first, position, meta)
                 d.untold = _untold_end(es, ts, first)
                 hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)

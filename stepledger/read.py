@@ -676,13 +676,16 @@ def _rows_of(stream, start, stop):
 
 
 def stitch(idx, parts):
-    """One env's trainer stream from the slices of it that several trainer files hold: (Stream, lines).
+    """One env's trainer stream from the slices of it that several trainer files hold: (Stream, lines, overlap).
 
     ``parts`` is [(file name, Stream)], each stream with its fragments (``fragments_of``). The slices are
-    put in the order of their offsets. Where they do not tile the env's stream, a line names the env, the
-    files and the events: a gap (events no file holds) or an overlap (events two files hold). Where every
-    file holding the env was closed cleanly, the slices stay as the learners had them, so compare reports the
-    difference that makes at its event; where one was not (a learner killed), the stream ends at the gap.
+    put in the order of their offsets. Where they leave a gap (events no file holds), a line names the env,
+    the files and the events; where every file holding the env was closed cleanly, the slices stay as the
+    learners had them, so compare reports the difference that makes at its event; where one was not (a
+    learner killed), the stream ends at the gap. Events that two files hold (an overlap) are kept once, from
+    the slice that comes first, so that the stream stays in step with the env's; ``overlap`` is the first
+    one, (first event, last event, the file before, the file that holds them again), or None, and compare
+    reports it at its first event.
     """
     slices = []
     for name, stream in parts:
@@ -691,27 +694,30 @@ def stitch(idx, parts):
         for k, (offset, row) in enumerate(pairs):
             stop = min(pairs[k + 1][1] if k + 1 < len(pairs) else n, n)
             if row < stop:
-                slices.append((offset, stop - row, name, _rows_of(stream, row, stop)))
+                slices.append((offset, stop - row, name, stream, row))
     slices.sort(key=lambda x: (x[0], x[1]))
     closed = all(s.meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED for _, s in parts)
-    pieces, lines, at, before = [], [], 0, None
-    for offset, count, name, ps in slices:
+    pieces, lines, at, before, overlap = [], [], 0, None, None
+    for offset, count, name, stream, row in slices:
         if offset > at:
             lines.append(wording.slices_do_not_tile(idx, at, offset - 1, before, name, True))
             if not closed:
                 break
-        elif offset < at:
-            lines.append(wording.slices_do_not_tile(idx, offset, min(at, offset + count) - 1, before, name, False))
-        pieces += ps
-        at, before = max(at, offset + count), name
+        skip = max(at - offset, 0)  # events already in the stream, from the slice before: kept once
+        if skip and overlap is None:
+            overlap = (offset, offset + min(skip, count) - 1, before, name)
+        if skip < count:
+            pieces += _rows_of(stream, row + skip, row + count)
+            at, before = offset + count, name
     meta = next((s.meta for _, s in parts if s.meta.get(S.META_STATE, S.STATE_CLOSED) != S.STATE_CLOSED),
                 parts[0][1].meta)
-    return Stream(idx, pieces, meta), lines
+    return Stream(idx, pieces, meta), lines, overlap
 
 
 class MergedLedger(Ledger):
     """Several trainer ledgers read as one: each stream from the file that holds it (``source[env]``), or
-    stitched from the slices several files hold (``stitch``; its lines in ``lines``)."""
+    stitched from the slices several files hold (``stitch``; its lines in ``lines``, the first overlap of
+    each env's slices in ``overlaps[env]``)."""
 
     def __init__(self, path, named):
         first = named[0][1]
@@ -723,12 +729,14 @@ class MergedLedger(Ledger):
                     sliced.setdefault(idx, []).append((name, stream))
                 if idx not in streams or (len(stream) and not len(streams[idx])):
                     streams[idx], source[idx] = stream, name
-        self.lines = []
+        self.lines, self.overlaps = [], {}
         self.holders = {idx: [name] for idx, name in source.items()}  # env -> the files holding its stream
         for idx, parts in sorted(sliced.items()):
-            streams[idx], lines = stitch(idx, parts)
+            streams[idx], lines, overlap = stitch(idx, parts)
             source[idx], self.holders[idx] = parts[0][0], [name for name, _ in parts]
             self.lines += lines
+            if overlap is not None:
+                self.overlaps[idx] = overlap
         super().__init__(path, first.meta, dict(sorted(streams.items())), any(led.partial for _, led in named),
                          files)
         self.named = named

@@ -806,8 +806,18 @@ def slices_do_not_tile(env, first, last, before, name, gap):
         where = "the slice before them is in %s" % before if before is not None else "no slice before them"
         return ("env %d: its events %d to %d are in no trainer file (%s; the next, from event %d, is in %s): they "
                 "never reached a learner" % (env, first, last, where, last + 1, name))
-    return ("env %d: its events %d to %d are in two trainer files (%s and %s): a learner got them twice"
-            % (env, first, last, before, name))
+    return "env %d: %s" % (env, _twice(first, last, before, name))
+
+
+def _twice(first, last, before, name):
+    return "its events %d to %d are in two trainer files (%s and %s): a learner got them twice" % (
+        first, last, before, name)
+
+
+def overlap_line(env, episode, step, first, last, before, name, agents=None):
+    """The difference an overlap makes (read.stitch), at its first event: events ``first`` to ``last`` of the
+    stream are in the trainer file ``before`` and again in ``name``."""
+    return "%s: %s" % (place(env, episode, step, agents), _twice(first, last, before, name))
 
 
 def different_trainer_settings(name, first, what, text, first_text):

@@ -3,8 +3,9 @@ of episodes it is given: RLlib's learners with num_learners > 1), stitched by co
 
 The env side is real ``LedgerEnv``s around CartPole; each learner is a ``TrainerLedger`` that gives the offset
 of each slice (``set_fragments``) before its events. Slices that tile the env's stream compare clean; a gap
-or an overlap is a line naming the env, its events and the files, and the difference it makes is reported at
-its event; a learner killed (SIGKILL) before its final file ends the env's stream at the gap it leaves.
+is a line naming the env, its events and the files, and the difference it makes is reported at its event; an
+overlap is the difference, at its first event, naming its events and the files (the stitched stream holds them
+once); a learner killed (SIGKILL) before its final file ends the env's stream at the gap it leaves.
 """
 
 import os
@@ -146,12 +147,32 @@ def test_an_overlap_between_slices_is_named_and_found_at_its_event(tmp_path):
     files = learners(d, data, lambda n, sl: [0, 1] if sl == twice else [0] if sl[2] == 0 else [1])
     report = compare(d, files)
     assert [x.env for x in report.differences] == [0], str(report)
-    b = base_offsets(data)[0, 2]
-    start = "env 0: its events %d to %d are in two trainer files (" % (b, b + 7)
-    lines = [n for n in report.notes if n.startswith(start)]
-    assert len(lines) == 1 and "trainer-learner-0.npz" in lines[0] and "trainer-learner-1.npz" in lines[0], report.notes
-    # the stitched stream holds the events twice, after the slice that holds them first: never clean
-    assert report.differences[0].trainer_events == report.differences[0].env_events + 8, str(report)
+    diff, b = report.differences[0], base_offsets(data)[0, 2]
+    # at the first event both files hold (the episode's reset), naming the events and both files
+    assert (diff.what, diff.event, diff.episode, diff.step) == ("overlap", b, 2, 0), str(report)
+    assert diff.line() == ("env 0, episode 2, step 0: its events %d to %d are in two trainer files "
+                           "(trainer-learner-1.npz and trainer-learner-0.npz): a learner got them twice" % (b, b + 7))
+    assert diff.line() in str(report).splitlines() and report.notes == [], str(report)
+    # the stitched stream holds those events once: in step with the env's, the same length
+    assert diff.trainer_events == diff.env_events == sum(1 + len(ep["actions"]) for ep in data[0]), str(report)
+    out = diff.to_dict()
+    assert (out["type"], out["event"], out["episode"], out["step"], out["events"], out["files"]) == \
+        ("overlap", b, 2, 0, [b, b + 7], ["trainer-learner-1.npz", "trainer-learner-0.npz"]), out
+    from stepledger.cli import main
+    assert main(["compare", d] + files) == 1
+
+
+def test_an_overlap_after_an_earlier_difference_is_a_line_of_its_own(tmp_path):
+    d = str(tmp_path)
+    data = play(d)
+    data[0][1]["rewards"][3] = 0.5  # the trainer got another reward at env 0, episode 1, step 4
+    twice = (0, 2, 0, 7)
+    files = learners(d, data, lambda n, sl: [0, 1] if sl == twice else [0] if sl[2] == 0 else [1])
+    report = compare(d, files)
+    diff, b = report.differences[0], base_offsets(data)[0, 2]
+    assert (diff.env, diff.what, diff.episode, diff.step, diff.fields) == (0, "fields", 1, 4, ("reward",)), str(report)
+    assert report.notes == ["env 0: its events %d to %d are in two trainer files (trainer-learner-1.npz and "
+                            "trainer-learner-0.npz): a learner got them twice" % (b, b + 7)], report.notes
 
 
 def test_without_offsets_an_env_in_two_files_is_still_refused(tmp_path):
