@@ -11,6 +11,7 @@ evaluation (evaluation runners, 0: none), recreate (SIGKILL that runner's proces
 fault (a dict for stepledger.rllib.inject) or faults (a list of them), algo ("PPO" or "DQN"), placement, seed. It prints one JSON line: a list of what each run did.
 """
 
+import glob
 import json
 import os
 import signal
@@ -54,6 +55,18 @@ def config_for(spec):
     return config
 
 
+def wait_for_spills(path, envs, timeout=120):
+    """Until each env ledger ``env-N.npz`` (N in envs) in the local directory ``path`` has a spill segment: the
+    runner's idle spiller writes one an interval after it was due, whether the runner steps or not."""
+    deadline = time.monotonic() + timeout
+    while not all(glob.glob(os.path.join(path, "env-%d.npz.spill" % i, "seg-*.npz")) for i in envs):
+        if time.monotonic() > deadline:
+            raise AssertionError("no spill segment of env %s in %s after %d s" % (
+                [i for i in envs if not glob.glob(os.path.join(path, "env-%d.npz.spill" % i, "seg-*.npz"))],
+                path, timeout))
+        time.sleep(0.05)
+
+
 def run_one(spec):
     out = {"iterations": 0}
     config = config_for(spec)
@@ -74,8 +87,10 @@ def run_one(spec):
             algo.train()
             out["iterations"] += 1
     if spec.get("recreate"):
-        # SIGKILL to one runner's process: RLlib's fault tolerance has Ray restart its actor; train on
-        # until the restarted runner has sampled in two iterations
+        # SIGKILL to one runner's process, once each of its envs has spilled: RLlib's fault tolerance has Ray
+        # restart its actor; train on until the restarted runner has sampled in two iterations
+        n = spec.get("envs", 2)
+        wait_for_spills(spec["path"], range((spec["recreate"] - 1) * n, spec["recreate"] * n))
         os.kill(pids[spec["recreate"]], signal.SIGKILL)
         deadline, back = time.monotonic() + 180, 0
         while back < 2 and time.monotonic() < deadline:
@@ -89,6 +104,7 @@ def run_one(spec):
     if spec.get("end", "stop") == "stop":
         algo.stop()
     else:
+        wait_for_spills(spec["path"], range(spec.get("runners", 2) * spec.get("envs", 2)))
         ray.shutdown()  # no algo.stop(): the runners' actors are killed
     return out
 

@@ -182,17 +182,17 @@ def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indic
     # runner 2's first envs (2 and 3) end where its process died; the recreated one records as envs 4 and 5;
     # the evaluation runner's envs write nothing (their episodes reach no learner)
     assert env_indices(d) == [0, 1, 4, 5]
-    # The killed runner's envs left spill segments, each as of its own last periodic spill: SIGKILL loses what
-    # came after (docs/ENDINGS.md). An env whose first spill was not yet due when the process died left none.
+    # The killed runner's envs left spill segments (the harness killed it once each had spilled), each as of
+    # its own last periodic spill: SIGKILL loses what came after (docs/ENDINGS.md)
     spilled = sorted(int(os.path.basename(p)[4:-10]) for p in glob.glob(os.path.join(d, "env-*.npz.spill")))
-    assert spilled and set(spilled) <= {2, 3}, spilled
+    assert spilled == [2, 3], spilled
     assert not glob.glob(os.path.join(d, "*unindexed*")) and not glob.glob(os.path.join(d, "*.dup-*"))
     assert trainer_streams(os.path.join(d, "trainer.npz")) == [0, 1, 2, 3, 4, 5]
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert sorted(report.envs) == [0, 1, 2, 3, 4, 5]
-    lost = sorted({2, 3} - set(spilled))
-    assert [(x.env, x.what, x.side) for x in report.differences] == [(e, "one_side", "trainer") for e in lost], \
-        str(report)
+    assert report.ok, str(report)
+    assert any(n.endswith("env-2.npz, env-3.npz not closed (its process is gone)") for n in report.notes), \
+        report.notes
 
 
 def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_last_spill(tmp_path):
@@ -218,7 +218,14 @@ def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_l
         finally:
             watchdog.cancel()
         assert line.startswith("trained 1"), "the run did not get through its first iteration"
-        time.sleep(1.0)
+        # mid-training, once every ledger has spilled (its process's idle spiller writes a segment an interval
+        # after it was due, whether it records or not): then SIGKILL
+        ledgers = ["env-%d.npz" % i for i in range(4)] + ["trainer-learner-%d.npz" % k for k in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(glob.glob(os.path.join(d, name + ".spill", "seg-*.npz")) for name in ledgers):
+            assert time.monotonic() < deadline and proc.poll() is None, "not every ledger spilled: %s" % (
+                sorted(os.listdir(d)) if os.path.isdir(d) else "no %s" % d)
+            time.sleep(0.05)
         family = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
