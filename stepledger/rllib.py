@@ -138,10 +138,15 @@ def runner_base(env_runner):
     return 0 if w == 0 else (w - 1) * n
 
 
-def _recreated():
+def _recreated(env_runner):
+    """Whether RLlib restarted this remote runner's actor after a failure (the local runner never is)."""
+    if int(env_runner.worker_index) == 0:
+        return False
     try:
         import ray
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated actor_id
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:
         return False
 
@@ -152,7 +157,7 @@ def _index_env(run, env_runner, env, **_):
         return
     n = int(env_runner.num_envs)
     base = runner_base(env_runner)
-    if _recreated():
+    if _recreated(env_runner):
         # RLlib restarted this runner's actor after a failure: new indices, so that the ledgers of the
         # runner it replaces are neither overwritten nor continued by another process.
         import ray
@@ -373,10 +378,15 @@ def _hook_algorithm(settings, algorithm, **_):
     learners = [r.actor_id for r in group.foreach_learner(_learner_token)]
     for k, actor in enumerate(learners):
         name = TRAINER_FILE if len(learners) == 1 else LEARNER_FILE % k
-        group.foreach_learner(_install_tap, remote_actor_ids=None if group.is_local else [actor],
-                              path=storage.join(settings["path"], name), num_envs=total,
-                              options=dict(reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
-                                           flush_interval=settings["flush_interval"]))
+        for r in group.foreach_learner(_install_tap, remote_actor_ids=None if group.is_local else [actor],
+                                       path=storage.join(settings["path"], name), num_envs=total,
+                                       options=dict(reward_dtype=settings["reward_dtype"],
+                                                    keep_values=settings["keep_values"],
+                                                    flush_interval=settings["flush_interval"])):
+            if not r.ok:  # RLlib returns a learner's error instead of raising it
+                raise r.get()
+            if r.get() is False:
+                raise no_learner_pipeline(config.learner_class)
     positions = EpisodePositions()
     algorithm._stepledger_positions = positions
     update, stop = group.update, algorithm.stop
@@ -407,7 +417,7 @@ def _hook_algorithm(settings, algorithm, **_):
             return stop(*args, **kwargs)
         finally:
             if group.is_local:
-                _close_tap(group._learner)
+                group.foreach_learner(_close_tap)  # in this process: closed even where the call above failed
 
     group.update = recording_update
     algorithm.stop = stop_and_close
@@ -479,12 +489,45 @@ def _tap_class():
     return StepledgerLearnerTap
 
 
+# Ray 2.60 gives no public way to the learner connector pipeline a learner runs: PPO's learner prepends its
+# AddOneTsToEpisodesAndTruncate to the private Learner._learner_connector in build(), before the pieces of
+# config.learners(learner_connector=...), so the trainer side is recorded by a piece prepended there after
+# build (docs/RLLIB.md, "Ray's private names"). LEARNER_PIPELINE names it once.
+LEARNER_PIPELINE = "_learner_connector"
+
+
+def learner_pipeline(learner):
+    """The learner connector pipeline a built RLlib learner runs (``Learner._learner_connector``), or None where
+    this Ray's learner has none there to prepend to."""
+    pipeline = getattr(learner, LEARNER_PIPELINE, None)
+    return pipeline if callable(getattr(pipeline, "prepend", None)) else None
+
+
+def no_learner_pipeline(learner_class):
+    """The one-line error where a learner has no connector pipeline at LEARNER_PIPELINE (another Ray)."""
+    import ray
+    return SettingsError("stepledger.rllib: the %s learner of this Ray (%s) has no connector pipeline at %s, where "
+                         "the trainer side records what it trains on (Ray 2.60 has one); use "
+                         "instrument(..., placement='runner')" % (getattr(learner_class, "__name__", learner_class),
+                                                                   ray.__version__, LEARNER_PIPELINE))
+
+
 def _install_tap(learner, path, num_envs, options):
     """In the learner's process: its recorder, as the first piece of its learner connector (before PPO's
-    AddOneTsToEpisodesAndTruncate, which adds a step and renames ``id_``)."""
+    AddOneTsToEpisodesAndTruncate, which adds a step and renames ``id_``). False where it has none."""
+    pipeline = learner_pipeline(learner)
+    if pipeline is None:
+        return False
     tap = _tap_class()(EpisodeRecorder(path, num_envs, learner.config, **options))
-    learner._learner_connector.prepend(tap)
+    pipeline.prepend(tap)
     learner._stepledger_tap = tap
+    return True
+
+
+def learner_pieces(learner):
+    """The class names of the pieces of a learner's connector pipeline, in order (None: it has none)."""
+    pipeline = learner_pipeline(learner)
+    return None if pipeline is None else [type(piece).__name__ for piece in pipeline.connectors]
 
 
 def _set_positions(learner, positions):

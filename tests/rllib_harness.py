@@ -78,6 +78,8 @@ def run_one(spec):
     pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
                                                           local_env_runner=False))
     out["runner_pids"] = pids
+    if spec.get("algo") != "DQN":  # the learner placement: each learner's connector pipeline, its pieces in order
+        out["learner_pieces"] = [r.get() for r in algo.learner_group.foreach_learner(stepledger.rllib.learner_pieces)]
     for _ in range(spec.get("iterations", 1)):
         result = algo.train()
         out["iterations"] += 1

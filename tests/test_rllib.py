@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/test_rllib_venv.py runs these "
                                         "tests in a venv of their own")
 
+import stepledger.rllib  # noqa: E402
 from stepledger import _schema as S  # noqa: E402
 from stepledger import compare, read  # noqa: E402
 from stepledger.check import is_located  # noqa: E402
@@ -132,6 +133,25 @@ def test_each_injected_fault_is_located_at_its_recorded_env_episode_step_and_fie
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert [x.env for x in report.differences] == [0, 1, 2, 3], str(report)  # each env its own fault, no other
     assert is_located(report.by_env()[env], injected), (str(report), injected)
+
+
+def test_the_trainer_side_records_first_in_each_learners_connector_pipeline_a_private_name_of_ray(runs):
+    # Ray 2.60 has no public way to the pipeline a learner runs; PPO's learner prepends its
+    # AddOneTsToEpisodesAndTruncate (which renames id_ and adds a step) to Learner._learner_connector in build().
+    # stepledger.rllib prepends its recorder there (docs/RLLIB.md, "Ray's private names"). A Ray without it
+    # is refused by name: instrument's build_algo raises no_learner_pipeline's line, in every run here.
+    import ray
+    for name, learners in (("cartpole-2-learners", 2), ("pendulum-async", 1)):
+        pieces = runs[name][1]["learner_pieces"]
+        assert len(pieces) == learners and all(p is not None for p in pieces), \
+            "%s: %s" % (pieces, stepledger.rllib.no_learner_pipeline("PPOTorchLearner"))
+        for p in pieces:
+            assert p[:2] == ["StepledgerLearnerTap", "AddOneTsToEpisodesAndTruncate"], (ray.__version__, p)
+    assert stepledger.rllib.learner_pipeline(object()) is None
+    line = str(stepledger.rllib.no_learner_pipeline(type("SomeLearner", (), {})))
+    assert line == ("stepledger.rllib: the SomeLearner learner of this Ray (%s) has no connector pipeline at "
+                    "_learner_connector, where the trainer side records what it trains on (Ray 2.60 has one); use "
+                    "instrument(..., placement='runner')" % ray.__version__), line
 
 
 def test_off_policy_runs_record_the_trainer_side_on_each_runner_and_compare_clean(runs):
