@@ -12,15 +12,27 @@ Part 2: frames. A trivial env returns 84x84x3 or 224x224x3 uint8 frames. The
 env side's cost per step and the trainer side's cost per env step are set
 against what hashlib.blake2b(digest_size=8) takes for the same frame.
 
-    python benchmarks/overhead.py            # the full run, writes RESULTS.md
-    python benchmarks/overhead.py --quick    # a smoke run, writes nothing
+Part 3 (with --instructions, where valgrind is installed): the instructions
+a vector step takes in each configuration, counted by callgrind over 200
+vector steps after a warm-up. Unlike times, counts do not move with the
+machine's load. Valgrind cannot run AVX-512, so the core takes its AVX2 path
+there (STEPLEDGER_NO_AVX512=1); periodic spills are off for the count (under
+valgrind the clock runs some 50 times slower, so spills would come 50 times
+as often a step; they are written by the spiller thread, not the stepping one).
+
+    python benchmarks/overhead.py                   # the full run, writes RESULTS.md
+    python benchmarks/overhead.py --instructions    # also the instruction counts (a few minutes more)
+    python benchmarks/overhead.py --quick           # a smoke run, writes nothing
 """
 
 import argparse
+import functools
 import hashlib
+import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -151,6 +163,42 @@ def calls_in_run(n, actions, runs, flush_interval):
     return statistics.median(per_step) / n / 1000
 
 
+COUNTED = ("none", "env", "trainer", "both")
+
+
+def count_steps(config, n_envs, steps):
+    """Under callgrind (--count): ``steps`` vector steps inside functools.reduce, the one call collected."""
+    d = tempfile.mkdtemp(prefix="stepledger-bench-")
+    envs = pendulum_vector(config, n_envs, d, math.inf)
+    rng = np.random.default_rng(0)
+    actions = [rng.uniform(-2, 2, (n_envs, 1)).astype(np.float32) for _ in range(steps)]
+    envs.reset(seed=0)
+    step = envs.step
+    for a in actions:  # warm-up: the interpreter specializes, the buffers grow
+        step(a)
+    functools.reduce(lambda _, a: step(a), actions, None)
+    discard(envs, d)
+
+
+def instruction_counts(n_envs, steps=200):
+    """Instructions a vector step in each configuration (callgrind), or None without valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts = {}
+    env = dict(os.environ, STEPLEDGER_NO_AVX512="1", PYTHONHASHSEED="0")
+    for config in COUNTED:
+        with tempfile.TemporaryDirectory(prefix="stepledger-callgrind-") as tmp:
+            out = os.path.join(tmp, "callgrind.out")
+            subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                            "--toggle-collect=functools_reduce", "--callgrind-out-file=" + out,
+                            sys.executable, os.path.abspath(__file__), "--count", config, str(n_envs), str(steps)],
+                           env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
+            with open(out) as f:
+                total = next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
+        counts[config] = total / steps
+    return counts
+
+
 def _time(fn, n):
     t0 = time.perf_counter()
     for _ in range(n):
@@ -169,7 +217,13 @@ def main():
     p.add_argument("--flush-interval", type=float, default=1.0,
                    help="seconds between periodic spills (stepledger's default is 5; shorter spills more often)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few steps, no RESULTS.md")
+    p.add_argument("--instructions", action="store_true",
+                   help="also count the instructions a vector step takes in each configuration (callgrind)")
+    p.add_argument("--count", nargs=3, metavar=("CONFIG", "ENVS", "STEPS"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.count:
+        count_steps(args.count[0], int(args.count[1]), int(args.count[2]))
+        return
     if args.quick:
         args.steps, args.runs, args.frame_steps, args.frame_envs = 200, 2, 20, 4
     n = args.num_envs
@@ -246,6 +300,18 @@ def main():
     out += frows + ["", "Target: at most %.1fx per side. The hash's throughput is the physical limit: hashlib's "
                     "rate is the reference; the trainer side digests eight envs' frames at once (AVX-512), or four (AVX2)."
                     % TARGETS["frame_ratio"]]
+    if args.instructions:
+        counts = instruction_counts(n)
+        if counts is None:
+            out += ["", "Instruction counts: not made (valgrind is not installed)."]
+        else:
+            base = counts["none"]
+            out += ["", "Instructions a vector step (callgrind, %d vector steps after a warm-up; the core's AVX2 path, "
+                    "as valgrind cannot run AVX-512; periodic spills off):" % 200, "",
+                    "| ledgers | instructions a vector step | more than none, an env step |", "| --- | --- | --- |"]
+            out += ["| %s | %s | %s |" % (c, format(round(counts[c]), ","),
+                                          "" if c == "none" else format(round((counts[c] - base) / n), ","))
+                    for c in COUNTED]
     text = "\n".join(out)
     print(text)
     if not args.quick:

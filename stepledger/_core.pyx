@@ -14,7 +14,7 @@ from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.math cimport INFINITY
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cimport numpy as cnp
@@ -493,6 +493,24 @@ cdef class StreamBuffer:
         self.clear()
         if self.capacity > 1024:
             self._grow(1024)
+
+    def drop_front(self, Py_ssize_t k):
+        """Forget the first ``k`` events (a segment holds them); the later ones move to the front."""
+        global _used
+        cdef Py_ssize_t rest
+        if k <= 0:
+            return
+        if k > self.size:
+            raise ValueError("drop_front: %d events asked, %d held" % (k, self.size))
+        rest = self.size - k
+        memmove(self.kind, self.kind + k, rest)
+        memmove(self.h_obs, self.h_obs + k, rest * 8)
+        memmove(self.h_act, self.h_act + k, rest * 8)
+        memmove(self.h_rew, self.h_rew + k, rest * 8)
+        memmove(self.term, self.term + k, rest)
+        memmove(self.trunc, self.trunc + k, rest)
+        self.size = rest
+        _used = max(0, _used - k * BYTES_PER_EVENT)
 
 
 cdef inline void _int64_message(int64_t iv, uint8_t *buf) noexcept:

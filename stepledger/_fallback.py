@@ -267,6 +267,19 @@ class StreamBuffer:
         """Clear and give back this buffer's share of the process budget."""
         self.clear()
 
+    def drop_front(self, k):
+        """Forget the first ``k`` events (a segment holds them); the later ones move to the front."""
+        k = int(k)
+        if k <= 0:
+            return
+        if k > self._size:
+            raise ValueError("drop_front: %d events asked, %d held" % (k, self._size))
+        rest = self._size - k
+        for arr in self._cols.values():
+            arr[:rest] = arr[k:self._size].copy()
+        self._size = rest
+        _BUDGET["used"] = max(0, _BUDGET["used"] - k * S.BYTES_PER_EVENT)
+
 
 def _digest_value(layout, value):
     try:

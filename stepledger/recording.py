@@ -6,7 +6,11 @@ It owns what must survive the process, however the process ends:
 - Every few seconds (``flush_interval``, 5 s by default) and whenever the
   process goes over its memory limit, the events in memory are written to a
   new spill segment (``PATH.spill/seg-*.npz``). The core signals both: a
-  recording call returns True, and the wrapper calls ``attend()``. Small
+  recording call returns True, and the wrapper calls ``attend()``. A spill
+  due by time is handed to the process's spiller thread (below), so that no
+  step writes or syncs a file for it: the thread writes copies, and the
+  recording thread's next call lets go of what they hold (``let_go_written``).
+  Past the memory limit, or with kept values, the step spills itself. Small
   segments are merged eight at a time (up to 32 MB), so that a long run keeps
   few files and each event is rewritten a few times at most.
 - ``close()`` writes the final file and removes the segments; ``flush()``
@@ -70,6 +74,7 @@ _MERGE = 8  # segments of one size merged into one
 _MERGE_MAX_BYTES = 32 << 20  # but not into one larger than this: big segments are few already
 _RETRY = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds before retrying a failed write, then every minute
 _TMP = re.compile(re.escape(S.TMP_INFIX) + r"(\d+)")
+_BUSY = object()  # idle_spill(): another thread holds the recording (it is writing)
 
 
 class _Process:
@@ -126,10 +131,14 @@ class _IdleSpiller:
                 if wake > now:
                     cond.wait(min(wake - now, 60.0))
                     continue
+            busy = False
             for rec in mine:
                 if now >= rec.idle_due():
-                    rec.idle_spill()
+                    busy |= rec.idle_spill() is _BUSY
             _reschedule()
+            if busy:  # another thread is writing it: look again in a moment, not in a busy loop
+                with cond:
+                    cond.wait(0.005)
 
 
 def _mine():
@@ -262,11 +271,20 @@ def attend():
     now = time.monotonic()
     over = core.memory_in_use() > core.memory_limit()
     mine = _mine()
+    handed = False
     for rec in mine:
+        if rec.let_go_due:
+            rec.let_go_written()  # the spiller wrote them: no write here, only memory given back
         if rec.failing():
             continue  # its write failed: the idle spiller tries again, with a back-off, never a step
         if now >= rec.retry_at and (over or now >= rec.due):
-            rec.tick(now)
+            if not over and rec.can_hand_off():
+                rec.hand_off(now)  # due by time: the spiller writes, the step goes on
+                handed = True
+            else:
+                rec.tick(now)  # over the memory limit (memory must come back now), or no spiller thread
+    if handed:
+        _IdleSpiller.wake()
     if core.memory_in_use() > core.memory_limit():
         # Buffers not owned by any open recording (closed, or inherited): do not
         # count them, or every later event would spill again.
@@ -298,6 +316,8 @@ def _reschedule():
     now = time.monotonic()
     backing_off = any(rec.retry_at > now or rec.failing() for rec in mine)
     due = [max(rec.due, rec.retry_at) for rec in mine if not rec.failing()]
+    if any(rec.let_go_due for rec in mine):
+        due.append(0.0)  # the spiller wrote: the recording thread's next call lets go of those events
     core.set_deadline(min(due, default=math.inf), hold=backing_off)
 
 
@@ -491,6 +511,10 @@ class Recording:
         self.grace = min(0.1 * self.interval, 1.0)
         self.retry_at = 0.0
         self._failures = 0
+        # A periodic spill is handed to the spiller thread (handed), which writes copies; once they
+        # are in a segment (let_go_due) the recording thread's next call lets go of them.
+        self.handed = False
+        self.let_go_due = False
         self._lock = threading.RLock()
         self._thread = threading.get_ident()
         self._segs = []  # _SegmentFile, in order
@@ -704,8 +728,9 @@ class Recording:
 
     # ------------------------------------------------------------ periodic work
 
-    def tick(self, now, spill=None):
-        """Spill now (an interval passed or memory is over); on failure warn once and back off."""
+    def tick(self, now, spill=None, due=None):
+        """Spill now (an interval passed or memory is over); on failure warn once and back off.
+        Due again ``due`` (by default one interval from now)."""
         try:
             (spill or self.spill)()
         except Exception as exc:
@@ -720,15 +745,48 @@ class Recording:
                 warnings.warn("stepledger: the ledger %s is being written again" % self.path, RuntimeWarning,
                               stacklevel=4)
             self._failures, self.retry_at = 0, 0.0
-        self.due = now + self.interval
+        self.due = now + self.interval if due is None else due
 
     def failing(self):
         """Its last write failed, and the idle spiller retries it (off the step path)."""
         return self._failures > 0 and _IdleSpiller.running
 
     def idle_due(self):
-        """When the idle spiller should spill this recording if its recording thread has not."""
+        """When the spiller thread should spill this recording: at once if the recording thread handed
+        it a periodic spill, else a little after one was due that the recording thread did not make."""
+        if self.handed:
+            return self.retry_at
         return max(self.due, self.retry_at) + self.grace
+
+    def can_hand_off(self):
+        """A periodic spill of this recording can go to the spiller thread: it runs, this is the recording
+        thread, and no values are kept (their store is let go of whole, by the recording thread's spill)."""
+        return _IdleSpiller.running and not self.keep_values and threading.get_ident() == self._thread
+
+    def hand_off(self, now):
+        """On the recording thread, when a periodic spill is due: no write here. The spiller thread writes
+        the events no segment holds (copies), and this thread lets go of them afterwards."""
+        self.handed = True
+        self.due = now + self.interval
+
+    def let_go_written(self):
+        """On the recording thread: forget the events that the spiller's segments hold (the first
+        ``_done[k]`` of each buffer); the events recorded since stay. Never waits: if another thread
+        holds the recording (the spiller writing again), this is done after its next write."""
+        self.let_go_due = False
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.closed or self.pid != os.getpid() or threading.get_ident() != self._thread or self.keep_values:
+                return  # kept values are let go of whole, with their events, by spill()
+            with _writing():  # a SIGTERM meanwhile writes the ledger once the buffers and _done agree again
+                done = self._done
+                for k, buf in enumerate(self.buffers):
+                    buf.drop_front(done[k])
+                    self._spilled_events += done[k]
+                    done[k] = 0
+        finally:
+            self._lock.release()
 
     def idle_spill(self):
         """From the idle spiller: the recording thread did not spill when it was due (it is not stepping).
@@ -740,16 +798,20 @@ class Recording:
         the recording thread: if it is writing, this is left to it.
         """
         if not self._lock.acquire(blocking=False):
-            return
+            return _BUSY
         try:
             if self.closed or self.pid != os.getpid():
                 return
             now = time.monotonic()
             if now < self.idle_due():
                 return  # spilled meanwhile
-            # Due again one interval on, before the write: a step that comes meanwhile does not wait for it.
-            self.due = now + self.interval
-            self.tick(now, self._spill_copies)
+            handed, self.handed = self.handed, False
+            if not handed:
+                # Due again one interval on, before the write: a step that comes meanwhile does not wait for it.
+                self.due = now + self.interval
+            self.tick(now, self._spill_copies, self.due if handed else None)
+            if not self.keep_values and any(self._done):
+                self.let_go_due = True  # _reschedule() then has the recording thread's next call let go
         finally:
             self._lock.release()
 

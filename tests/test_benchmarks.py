@@ -38,6 +38,17 @@ def test_overhead_quick(tmp_path):
     assert "| 84x84x3 |" in out and "| 224x224x3 |" in out
 
 
+def test_overhead_counted_steps_run_in_every_configuration(tmp_path):
+    # what --instructions runs under callgrind, once for each configuration (valgrind itself takes minutes)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env["TMPDIR"] = str(tmp_path)
+    for config in ("none", "env", "trainer", "both"):
+        proc = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "overhead.py"), "--count", config, "4", "30"],
+                              capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert os.listdir(str(tmp_path)) == []  # the ledgers it recorded were discarded, not written
+
+
 def test_storage_quick(tmp_path):
     out = run_quick("storage.py", tmp_path, "--tmpdir", str(tmp_path))
     assert "## Storage" in out
