@@ -292,11 +292,16 @@ def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_t
             env=dict(os.environ))
         fs = server.filesystem()
         names = sorted(os.path.basename(p) for p in fs.ls("%s/run-17" % bucket))
-        assert names == ["env-0.npz", "env-1.npz", "env-2.npz", "env-3.npz", "trainer.npz"], names
+        # every ledger published in storage. A runner that Ray kills between publishing its final file and
+        # removing its spilled segments (as algo.stop() ends the actors; seen in CI at a load of 10) leaves
+        # them beside it: its final file holds them all and is what is read
+        assert [n for n in names if not n.endswith(".spill")] == [
+            "env-0.npz", "env-1.npz", "env-2.npz", "env-3.npz", "trainer.npz"], names
         assert not os.path.exists(tmp_path / "unpublished") or not os.listdir(tmp_path / "unpublished")
         report = compare(url, url + "/trainer.npz")
         assert report.ok, str(report)
         assert sorted(report.envs) == [0, 1, 2, 3]
+        assert report.partial == {"env": False, "trainer": False}, str(report)  # the final files, not segments
         from stepledger.cli import main
         assert main(["compare", url, url + "/trainer.npz"]) == 0
     finally:
