@@ -303,6 +303,11 @@ def _read_one(path):
             if attempt < 4 and vanished and (seg_paths or os.path.exists(path)):
                 continue
             raise
+        if final is None and not seg_paths and attempt < 4 and (os.path.exists(path) or _segments(path)):
+            # Neither was there when looked at, one is now: the writer's first spill put its segment in
+            # place before it removed the final file (or close() wrote the final file before it removed
+            # the segments) between the two looks. Look again.
+            continue
         return _choose(path, final, opened[1:] if final is not None else opened)
     raise LedgerError("%s: keeps changing while it is read" % path)
 

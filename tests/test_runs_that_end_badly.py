@@ -181,6 +181,8 @@ import envs_for_tests as E  # noqa: E402
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv  # noqa: E402
 from stepledger.read import leftovers  # noqa: E402
 
+READER = sys.modules["stepledger.read"]  # the module (stepledger.read is also the name of its function)
+
 
 def count_env(i, directory, interval=None):
     return LedgerEnv(E.CountEnv(length=4), directory, index=i, flush_interval=interval)
@@ -255,13 +257,68 @@ def test_compare_at_any_moment_of_a_rerun_finds_no_difference(tmp_path):
     for t in range(300):
         envs.step(np.zeros(4, np.int64))
         if t % 3 == 0:
-            report = compare(d, os.path.join(d, "trainer.npz"))
+            try:
+                report = compare(d, os.path.join(d, "trainer.npz"))
+            except LedgerError as exc:
+                envs.close()
+                pytest.fail("compare at vector step %d of the re-run: %s" % (t, exc))
             assert report.ok, str(report)
             seen.add(tuple(report.envs))
     envs.close()
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok and report.envs == [0, 1, 2, 3], str(report)
     assert (0, 1, 2, 3) in seen, seen
+
+
+def test_a_read_between_the_first_spill_of_a_rerun_and_the_removal_of_the_old_file_finds_the_rerun(
+        tmp_path, monkeypatch):
+    """The reader lists the spill directory (empty), then the re-run's first spill puts its segment there and
+    removes the old run's final file, then the reader looks for the final file (gone): it must look again
+    and read the re-run, not say "no such file" (seen in CI: compare of a re-run exited with that error)."""
+    d = str(tmp_path)
+    sync_run(d, 2, 10)
+    envs = sync_run(d, 2, 5, close=False)
+    path = os.path.join(d, "trainer.npz")
+    real, looks = READER._segments, []
+
+    def listing_then_the_writer_moves(p):
+        found = real(p)
+        if p == path and not looks:
+            envs.flush()  # the recording thread's spill: segment written, then the old final file removed
+        looks.append(found)
+        return found
+
+    monkeypatch.setattr(READER, "_segments", listing_then_the_writer_moves)
+    try:
+        led = READER.read_ledger(path)
+        assert looks[0] == [] and not os.path.exists(path)
+        assert led.n_events() == 2 + 2 * 5 and led.partial  # the re-run: 2 resets, 5 vector steps
+    finally:
+        monkeypatch.setattr(READER, "_segments", real)
+        envs.close()
+    assert READER.read_ledger(path).n_events() == 12
+
+
+def test_a_read_between_close_writing_the_final_file_and_removing_the_segments_finds_the_ledger(
+        tmp_path, monkeypatch):
+    """The other order: the reader lists the segments, close() writes the final file and removes them, the
+    reader opens what it listed. It must look again and read the final file."""
+    d = str(tmp_path)
+    envs = sync_run(d, 2, 5, close=False)
+    envs.flush()
+    path = os.path.join(d, "trainer.npz")
+    real, looks = READER._segments, []
+
+    def listing_then_close(p):
+        found = real(p)
+        if p == path and not looks:
+            envs.close()
+        looks.append(found)
+        return found
+
+    monkeypatch.setattr(READER, "_segments", listing_then_close)
+    led = READER.read_ledger(path)
+    assert looks[0] and not READER._segments(path) and not led.partial and led.n_events() == 12
 
 
 def test_env_ledgers_of_an_entirely_different_run_are_refused(tmp_path):
