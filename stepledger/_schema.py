@@ -120,6 +120,9 @@ META_UPDATED = "updated"    # when this file was written (Unix time, seconds)
 META_STATE = "state"        # how the recording had ended when this file was written: STATES
 META_HOST = "host"          # the writer's host name
 META_PID = "pid"            # the writer's process id
+# the writer's start time (Linux: clock ticks since boot, field 22 of /proc/PID/stat), so that a later
+# process given the same pid is not taken for it (stepledger/processes.py); absent where it cannot be read
+META_PID_START = "pid_start"
 META_POSITION = "position"  # env side: its position in the trainer's vector env, as the trainer told it
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
@@ -129,7 +132,7 @@ META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-
 # (an event's offset: its place in the env's whole stream); compare stitches an env's slices by them
 META_FRAGMENTS = "fragments"
 PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
-                 META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS)
+                 META_PID_START, META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS)
 
 # How a recording had ended when a file of it was written (META_STATE).
 STATE_OPEN = "open"                # still recording: written by a periodic spill, flush() or a merge
@@ -140,8 +143,8 @@ STATE_SIGNAL = "signal"            # written when its process got SIGTERM
 STATES = (STATE_OPEN, STATE_CLOSED, STATE_INTERRUPTED, STATE_EXIT, STATE_SIGNAL)
 
 # Files next to a ledger while it is written (the reader never reads them as ledgers).
-TMP_INFIX = ".tmp-"        # NAME.tmp-{pid}-{random}: a write in progress, or cut short
-LOCK_SUFFIX = ".lock"      # NAME.lock: the process recording NAME (JSON: pid, host, writer)
+TMP_INFIX = ".tmp-"        # NAME.tmp-{pid}-{pid_start}-{random}: a write in progress, or cut short
+LOCK_SUFFIX = ".lock"      # NAME.lock: the process recording NAME (JSON: pid, pid_start, host, writer)
 DUPLICATE_INFIX = ".dup-"  # env-3.dup-{writer}.npz: a second recording of env-3.npz at the same time
 # env-unindexed-{random}.npz: a LedgerEnv that had no index at its first event (index= not given,
 # nor set_index(), nor the trainer side's link); its one stream has the placeholder env_index 0.
@@ -243,6 +246,7 @@ META_KEYS = (
     MetaKey(META_STATE, "str", required=(), values=STATES),
     MetaKey(META_HOST, "str", required=()),
     MetaKey(META_PID, "int", required=(), minimum=0),
+    MetaKey(META_PID_START, "int", required=(), minimum=0),
     MetaKey(META_POSITION, "int", required=(), minimum=0),
     MetaKey(META_THROUGH, "int", required=(), minimum=0),
     # multi-agent env side: the agent of each stream, in stream order (stepledger.pettingzoo)

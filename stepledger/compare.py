@@ -6,19 +6,19 @@ streams at their first difference unless every difference is to be counted.
 """
 
 import os
-import socket
 import time
 
 import numpy as np
 
 from . import _schema as S
 from . import core
+from . import processes
 from . import storage
 from . import wording
 from ._report import DifferenceReport
 from .errors import LedgerError, SettingsError
 from .ledgerfile import CHUNK, positions
-from .read import FIRST_EVENTS, MergedLedger, env_index_of, fragments_of, pid_state, read, read_ledger, read_trainers
+from .read import FIRST_EVENTS, MergedLedger, env_index_of, fragments_of, read, read_ledger, read_trainers
 from .spaces import is_variable_description, leaf_names
 from .wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
 
@@ -232,10 +232,10 @@ def _closed(meta):
 
 
 def _writer_alive(meta):
-    pid = meta.get(S.META_PID)
-    if meta.get(S.META_HOST) != socket.gethostname() or not isinstance(pid, int):
+    pid, start = meta.get(S.META_PID), meta.get(S.META_PID_START)
+    if meta.get(S.META_HOST) != processes.HOST or not isinstance(pid, int):
         return None  # another machine: cannot tell
-    return pid_state(pid, None)
+    return processes.running(pid, start)
 
 
 def how_it_ended(meta):

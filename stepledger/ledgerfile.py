@@ -24,6 +24,7 @@ import zlib
 import numpy as np
 
 from . import _schema as S
+from . import processes
 from ._zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter, inflate_prefix
 from .errors import LedgerError
 
@@ -62,15 +63,13 @@ def _npy_header(dtype, shape):
 
 @contextlib.contextmanager
 def atomic_file(path):
-    """Open ``path + ".tmp-PID-RANDOM"`` for writing; on success sync it and rename it to ``path``.
+    """Open a temporary name next to ``path`` (processes.tmp_name) for writing; on success sync it and rename it to ``path``.
 
     On any error the temporary file is removed, so ``path`` is either the
     previous complete file or the new complete one, never half of one.
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    # The pid tells a later writer whether the file was left by a process that is gone; the
-    # random part keeps two writers of one path (threads, or a duplicate) off each other's file.
-    tmp = "%s%s%d-%s" % (path, S.TMP_INFIX, os.getpid(), os.urandom(4).hex())
+    tmp = processes.tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             yield f

@@ -5,12 +5,12 @@ import glob
 import json
 import os
 import re
-import socket
 import tempfile
 
 import numpy as np
 
 from . import _schema as S
+from . import processes
 from . import storage
 from . import wording
 from .errors import LedgerError
@@ -181,19 +181,6 @@ def _segments(path):
     return sorted(glob.glob(os.path.join(directory, "seg-*.npz")))
 
 
-def pid_state(pid, host):
-    """Whether process ``pid`` on ``host`` runs: True, False, or None where it cannot be told (another host)."""
-    if host not in (None, socket.gethostname()):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def leftovers(path):
     """What lies next to the ledgers at ``path`` (a ledger file or a directory) and is not read as a ledger.
 
@@ -210,10 +197,9 @@ def leftovers(path):
     out = []
 
     def tmp_line(rel):
-        m = re.search(re.escape(S.TMP_INFIX) + r"(\d+)", rel)
-        alive = pid_state(int(m.group(1)), None) if m else False
-        if alive:
-            return rel, "a write in progress (process %s)" % m.group(1)
+        writer = processes.tmp_writer(rel)
+        if writer is not None and processes.running(*writer):
+            return rel, "a write in progress (process %d)" % writer[0]
         return rel, "a write cut short (its process is gone): not a ledger; the next writer of this ledger removes it"
 
     try:
@@ -230,11 +216,12 @@ def leftovers(path):
             try:
                 with open(full) as f:
                     holder = json.load(f)
-                pid, host = int(holder["pid"]), holder.get("host")
-            except (OSError, ValueError, KeyError, TypeError):
+                pid, host = int(holder[S.META_PID]), holder.get(S.META_HOST)
+                start = holder.get(S.META_PID_START)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 out.append((entry, "a lock file that cannot be read"))
                 continue
-            alive = pid_state(pid, host)
+            alive = processes.running(pid, start, host)
             name = entry[: -len(S.LOCK_SUFFIX)]
             if alive:
                 out.append((entry, "process %d is recording %s" % (pid, name)))

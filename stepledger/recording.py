@@ -45,9 +45,7 @@ import json
 import math
 import multiprocessing.util as mp_util
 import os
-import re
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -58,6 +56,7 @@ import numpy as np
 
 from . import _schema as S
 from . import core
+from . import processes
 from . import storage
 from .__about__ import __version__
 from ._fallback import encode_leaves
@@ -69,11 +68,10 @@ _OPEN = {}  # id -> Recording, for the exit handlers; strong refs so nothing is 
 # Reentrant: the SIGTERM handler runs in the main thread between two bytecodes, maybe while that
 # thread holds it (a LedgerEnv being built or closed), and closes every recording, taking it again.
 _LOCK = threading.RLock()
-_HOST = socket.gethostname()
+_HOST = processes.HOST
 _MERGE = 8  # segments of one size merged into one
 _MERGE_MAX_BYTES = 32 << 20  # but not into one larger than this: big segments are few already
 _RETRY = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds before retrying a failed write, then every minute
-_TMP = re.compile(re.escape(S.TMP_INFIX) + r"(\d+)")
 _BUSY = object()  # idle_spill(): another thread holds the recording (it is writing)
 
 
@@ -566,15 +564,14 @@ class Recording:
             lock = self.path + S.LOCK_SUFFIX
             # Written whole under a temporary name, then linked to the lock's name, which fails if
             # it exists: a lock is never seen empty, half written or by two writers at once.
-            tmp = "%s%s%d-%s" % (lock, S.TMP_INFIX, self.pid, os.urandom(4).hex())
+            tmp = processes.tmp_name(lock)
             try:
                 with open(tmp, "w") as f:
-                    json.dump({"pid": self.pid, "host": _HOST, "writer": self.writer, "started": self.started,
-                               "run": self.run}, f)
+                    json.dump(self._holder(), f)
                 os.link(tmp, lock)
             except FileExistsError:
                 holder = _read_lock(lock)
-                if holder is not None and _alive(holder) and holder.get("writer") != self.writer:
+                if holder is not None and _alive(holder) and holder.get(S.META_WRITER) != self.writer:
                     self._record_beside(holder)
                     continue
                 try:
@@ -599,6 +596,16 @@ class Recording:
             self._release_claim()
             self._record_beside(earlier)
         raise LedgerError("%s: could not claim %s (its lock file keeps changing)" % (self.owner, self.path))
+
+    def _holder(self):
+        """What a lock file says of the recording that holds it: its process (pid and start time, see
+        processes.py), host, writer id, when it began and its run."""
+        holder = {S.META_PID: self.pid, S.META_HOST: _HOST, S.META_WRITER: self.writer, S.META_STARTED: self.started,
+                  S.META_RUN: self.run}
+        start = processes.own_start()
+        if start is not None:
+            holder[S.META_PID_START] = start
+        return holder
 
     def _same_run_writer(self):
         """The meta of the file at this path if another recording of this same run wrote it, else None."""
@@ -628,7 +635,7 @@ class Recording:
         beside = "%s%s%s%s" % (base, S.DUPLICATE_INFIX, self.writer[:8], ext)
         warnings.warn("stepledger: %s is being recorded by another ledger (process %s) right now; this one records "
                       "%s instead, and compare will name both: give each env its own index="
-                      % (self.path, holder.get("pid"), beside), RuntimeWarning, stacklevel=5)
+                      % (self.path, holder.get(S.META_PID), beside), RuntimeWarning, stacklevel=5)
         self.path = beside
 
     def _release_claim(self):
@@ -686,6 +693,9 @@ class Recording:
             S.META_HOST: _HOST,
             S.META_PID: self.pid,
         }
+        start = processes.own_start()  # a file is written only by the process that opened the recording
+        if start is not None:
+            meta[S.META_PID_START] = start
         if self.position is not None:
             meta[S.META_POSITION] = self.position
         meta.update(self.extra_meta)
@@ -832,8 +842,9 @@ class Recording:
             return
         for tmp in glob.glob(glob.escape(self.path) + S.TMP_INFIX + "*") + \
                 glob.glob(os.path.join(glob.escape(spill_dir(self.path)), "*" + S.TMP_INFIX + "*")):
-            m = _TMP.search(tmp)
-            if m and int(m.group(1)) != self.pid and not _pid_alive(int(m.group(1))):
+            writer = processes.tmp_writer(tmp)
+            # this process's own writes in progress (the spiller thread's) run: they stay
+            if writer is not None and not processes.running(*writer):
                 try:
                     os.unlink(tmp)
                 except OSError:
@@ -1123,27 +1134,18 @@ def _short(exc):
     return text[:200]
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _alive(holder):
     """Whether the process named in a lock file is still running (on another host: assume it is not)."""
     try:
-        pid = int(holder.get("pid"))
+        pid = int(holder.get(S.META_PID))
     except (TypeError, ValueError):
         return False
-    if holder.get("host") != _HOST:
+    if holder.get(S.META_HOST) != _HOST:
         return False
-    if pid == os.getpid():  # this process: alive while that recording is open here
-        return any(rec.writer == holder.get("writer") for rec in _mine())
-    return _pid_alive(pid)
+    start = holder.get(S.META_PID_START)
+    if pid == os.getpid() and start in (None, processes.own_start()):  # this process: alive while that
+        return any(rec.writer == holder.get(S.META_WRITER) for rec in _mine())  # recording is open here
+    return processes.running(pid, start)
 
 
 def _read_lock(path):

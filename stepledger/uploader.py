@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 
+from . import processes
 from . import storage
 from .errors import LedgerError
 
@@ -75,34 +76,6 @@ def _unlink(path):
         os.unlink(path)
     except OSError:
         pass
-
-
-# ---------------------------------------------------------------- process identity (for stages left behind)
-
-def _start_time(pid):
-    """The process's start time in clock ticks since boot (Linux), to tell a live owner from a reused pid."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _alive(pid, start):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False  # killed, not yet reaped by its parent
-    except (OSError, IndexError):
-        pass
-    now = _start_time(pid)
-    return start is None or now is None or now == start
 
 
 # ---------------------------------------------------------------- the background thread
@@ -213,7 +186,7 @@ class RemoteLedger:
             clear_dead_stages()
             self.stage = tempfile.mkdtemp(prefix="%s%d-" % (STAGE_PREFIX, os.getpid()))
             with open(os.path.join(self.stage, _OWNER), "w") as f:
-                json.dump({"pid": os.getpid(), "start": _start_time(os.getpid()), "url": self.url}, f)
+                json.dump({"pid": os.getpid(), "start": processes.own_start(), "url": self.url}, f)
         return os.path.join(self.stage, name)
 
     def remove_stage(self):
@@ -388,7 +361,7 @@ def leftover_stages(tmpdir=None):
     out = []
     for stage in _stages(tmpdir):
         pid, start, url = _owner(stage)
-        if pid is None or _alive(pid, start):
+        if pid is None or processes.running(pid, start):
             continue
         size = 0
         for dirpath, _, files in os.walk(stage):

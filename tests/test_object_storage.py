@@ -24,7 +24,7 @@ pytest.importorskip("s3fs")
 import s3server  # noqa: E402
 from envs_for_tests import record_cartpole_run  # noqa: E402
 
-from stepledger import LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, core, read, storage, uploader  # noqa: E402
+from stepledger import LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, core, processes, read, storage, uploader  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -275,7 +275,7 @@ def test_stage_of_a_live_process_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
     live = tmp_path / ("stepledger-stage-%d-abc" % os.getpid())
     live.mkdir()
-    (live / "owner.json").write_text(json.dumps({"pid": os.getpid(), "start": uploader._start_time(os.getpid()),
+    (live / "owner.json").write_text(json.dumps({"pid": os.getpid(), "start": processes.start_time(os.getpid()),
                                                  "url": "s3://b/x/env-0.npz"}))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -286,7 +286,7 @@ def test_stage_of_a_live_process_is_left_alone(tmp_path, monkeypatch):
     (gone / "seg-000000.npz.uploaded").write_bytes(b"")
     zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        start = uploader._start_time(zombie.pid)
+        start = processes.start_time(zombie.pid)
         zombie.kill()  # killed and not yet reaped: its stage is a dead process's too
         time.sleep(0.5)
         killed = tmp_path / ("stepledger-stage-%d-ghi" % zombie.pid)
