@@ -240,9 +240,10 @@ def main():
         envs = {c: pendulum_vector(c, n, dirs[c], args.flush_interval) for c in configs}
         for e in envs.values():
             e.reset(seed=0)
-        for start in range(0, args.steps, block):
+        for turn, start in enumerate(range(0, args.steps, block)):
             chunk = actions[start:start + block]
-            for c in configs:
+            # the order of the turns rotates from round to round: no configuration always follows the same one
+            for c in configs[turn % len(configs):] + configs[:turn % len(configs)]:
                 step = envs[c].step
                 t0 = time.perf_counter()
                 for a in chunk:
@@ -270,7 +271,7 @@ def main():
     out = ["## Per-step overhead (benchmarks/overhead.py)", "",
            "%s." % machine(), "",
            "SyncVectorEnv of %d Pendulum-v1, pre-generated actions, %d runs of %d vector steps in which the "
-           "configurations take turns every %d steps. The µs a vector step are medians over all turns; the per-env-step "
+           "configurations take turns every %d steps, the order of the turns rotating from round to round. The µs a vector step are medians over all turns; the per-env-step "
            "costs and the ratios are medians of each turn set against the turn without ledgers in the same round "
            "(the env side's from `env`, the trainer side's from `trainer`). Periodic spills on, every %g s "
            "(%d spills to disk in all, counted per ledger file)." % (n, args.runs, args.steps, block, args.flush_interval,
