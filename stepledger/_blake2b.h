@@ -252,6 +252,24 @@ SL_X4_ATTR static void sl_blake2b64_x4(const uint8_t *msg[4], size_t len, uint64
     _mm256_storeu_si256((__m256i *)out, h[0]);
 }
 
+/* 8-byte digests of four messages of ``len`` bytes, laid out as sl_blake2b64_x8's are: message k at
+ * base + k * stride, followed by zeros up to a multiple of 128 bytes, so that every block is read in
+ * place (no copy into a zeroed tail). The trainer side keeps its rows laid out so between calls. */
+SL_X4_ATTR static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, size_t len, uint64_t out[4]) {
+    __m256i h[8];
+    const uint8_t *blocks[4];
+    size_t nblocks = len ? (len + 127) / 128 : 1, b;
+    int i, k;
+    for (i = 0; i < 8; i++) h[i] = _mm256_set1_epi64x((long long)sl_blake2b_iv[i]);
+    h[0] = _mm256_xor_si256(h[0], _mm256_set1_epi64x((long long)(0x01010000ULL ^ 8ULL)));
+    for (b = 0; b < nblocks; b++) {
+        for (k = 0; k < 4; k++) blocks[k] = base + k * stride + 128 * b;
+        sl_x4_compress(h, blocks, _mm256_set1_epi64x((long long)(b + 1 < nblocks ? 128 * (b + 1) : len)),
+                       _mm256_setzero_si256(), b + 1 == nblocks);
+    }
+    _mm256_storeu_si256((__m256i *)out, h[0]);
+}
+
 /* 8-byte digests of four messages of at most 128 bytes each, of any lengths: one compression for
  * all four. The env side digests a step's observation and action together this way. */
 SL_X4_ATTR static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t len[4], uint64_t out[4]) {
@@ -344,6 +362,9 @@ static void sl_blake2b64_x8(const uint8_t *base, size_t stride, size_t len, uint
 }
 static void sl_blake2b64_x4(const uint8_t *msg[4], size_t len, uint64_t out[4]) {
     (void)msg; (void)len; (void)out;
+}
+static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, size_t len, uint64_t out[4]) {
+    (void)base; (void)stride; (void)len; (void)out;
 }
 static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t len[4], uint64_t out[4]) {
     (void)msg; (void)len; (void)out;

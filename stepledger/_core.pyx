@@ -12,7 +12,7 @@ from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject_IsTrue
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.math cimport INFINITY
 from libc.string cimport memcpy, memmove, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -35,6 +35,7 @@ cdef extern from "_blake2b.h":
     void sl_blake2b64_x4(const uint8_t **msg, size_t length, uint64_t *out) nogil
     void sl_blake2b64_x8(const uint8_t *base, size_t stride, size_t length, uint64_t *out) nogil
     void sl_blake2b64_x4_small(const uint8_t **msg, const size_t *length, uint64_t *out) nogil
+    void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, size_t length, uint64_t *out) nogil
 
 IMPLEMENTATION = "cython"
 cdef bint _HAVE_AVX2 = sl_have_avx2()
@@ -806,6 +807,78 @@ cdef inline object _u64(object arr):
     return np.ascontiguousarray(arr).view(np.uint64)
 
 
+cdef struct _Laid:
+    # A VectorRecorder's batch of one-leaf rows, kept laid out between calls: row k's message
+    # (the leaf header, then the row's bytes) at buf + k * stride, followed by zeros up to the
+    # stride (a multiple of 128 bytes). The headers are written once and the zeros never touched
+    # again, so a call copies only the rows' bytes, and the digests read every block in place.
+    uint8_t *buf
+    size_t stride
+    size_t hlen
+    size_t rowbytes
+    size_t msg_len
+    int state  # 0: not laid out yet; 1: laid out; -1: too large to keep (laid out per call instead)
+
+
+cdef inline void _copy_row(uint8_t *dst, const uint8_t *src, size_t n) noexcept nogil:
+    """memcpy of one row; the small sizes of vector env rows as two fixed-size (overlapping) moves."""
+    cdef size_t i
+    if n > 16:
+        memcpy(dst, src, n)
+    elif n >= 8:
+        memcpy(dst, src, 8)
+        memcpy(dst + n - 8, src + n - 8, 8)
+    elif n >= 4:
+        memcpy(dst, src, 4)
+        memcpy(dst + n - 4, src + n - 4, 4)
+    else:
+        for i in range(n):
+            dst[i] = src[i]
+
+
+cdef int _laid_build(_Laid *L, cnp.ndarray a, Py_ssize_t n) except -1:
+    """Lay out the rows of batches like ``a`` (n C-ordered rows of one leaf), or mark them too large."""
+    cdef uint8_t header[4 + 1 + 8 * 32]
+    cdef size_t hlen = <size_t>_header_bytes(a, 1, header)
+    cdef size_t rowbytes = <size_t>(cnp.PyArray_NBYTES(a) // n)
+    cdef size_t stride = ((hlen + rowbytes + 127) // 128) * 128
+    cdef Py_ssize_t k
+    if <size_t>n * stride >= _NOGIL_BYTES:  # digested without the GIL, laid out per call
+        L.state = -1
+        return 0
+    L.buf = <uint8_t *>calloc(<size_t>n, stride)
+    if L.buf == NULL:
+        raise MemoryError()
+    for k in range(n):
+        memcpy(L.buf + k * stride, header, hlen)
+    L.stride, L.hlen, L.rowbytes, L.msg_len = stride, hlen, rowbytes, hlen + rowbytes
+    L.state = 1
+    return 0
+
+
+cdef void _laid_digest(_Laid *L, const uint8_t *data, Py_ssize_t n, uint64_t *out) noexcept nogil:
+    """Digest the n rows at ``data`` (laid out by _laid_build): the same digests as _digest_rows."""
+    cdef Py_ssize_t i = 0, k
+    cdef size_t stride = L.stride, rowbytes = L.rowbytes
+    cdef uint8_t *rows = L.buf + L.hlen
+    for k in range(n):
+        _copy_row(rows + k * stride, data + k * rowbytes, rowbytes)
+    if _HAVE_AVX512:
+        while i + 8 <= n:
+            sl_blake2b64_x8(L.buf + i * stride, stride, L.msg_len, out + i)
+            i += 8
+    if _HAVE_AVX2:
+        while i + 4 <= n:
+            sl_blake2b64_x4_laid(L.buf + i * stride, stride, L.msg_len, out + i)
+            i += 4
+    while i < n:
+        out[i] = _hash_bytes(L.buf + i * stride, L.msg_len)
+        i += 1
+
+
+cdef dict _NO_FINALS = {}  # no episode ended at this step (never written to)
+
+
 cdef inline const uint8_t *_bool_data(object arr, list keep) except NULL:
     cdef cnp.ndarray a
     if type(arr) is not np.ndarray or cnp.PyArray_TYPE(<cnp.ndarray>arr) != cnp.NPY_BOOL \
@@ -847,6 +920,8 @@ cdef class VectorRecorder:
     cdef public cnp.ndarray token_seen, token_episode, token_step
     # per env: the env index its live tokens must name (env i's own by default; a multi-agent slot's stream)
     cdef readonly cnp.ndarray stream_ids
+    # the observation and action batches of one-leaf spaces, kept laid out for their digests
+    cdef _Laid obs_laid, act_laid
 
     def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32, stream_ids=None):
         self.buffers = buffers
@@ -873,6 +948,10 @@ cdef class VectorRecorder:
         self.token_seen = np.zeros(self.n, dtype=np.bool_)
         self.token_episode = np.full(self.n, -1, dtype=np.int64)
         self.token_step = np.zeros(self.n, dtype=np.int64)
+
+    def __dealloc__(self):
+        free(self.obs_laid.buf)
+        free(self.act_laid.buf)
 
     cdef inline int _push(self, Py_ssize_t i, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
                           bint te, bint tr) except -1:
@@ -974,7 +1053,7 @@ cdef class VectorRecorder:
         an array of the leaf's dtype and of shape (n,) + the leaf's shape."""
         cdef cnp.ndarray a
         cdef int i
-        if d.fast_type < 0 or type(batch) is not np.ndarray:
+        if d.fast_type < 0 or not cnp.PyArray_CheckExact(batch):
             return False
         a = <cnp.ndarray>batch
         if cnp.PyArray_TYPE(a) != d.fast_type or not cnp.PyArray_ISNOTSWAPPED(a):
@@ -986,14 +1065,22 @@ cdef class VectorRecorder:
                 return False
         return True
 
-    cdef int _rows(self, _Digester d, object batch, cnp.ndarray out) except -1:
+    cdef int _rows(self, _Digester d, object batch, cnp.ndarray out, _Laid *laid) except -1:
         """Digest each row of ``batch`` into ``out`` (one row per element of out);
-        invalid for all if it cannot be cast."""
+        invalid for all if it cannot be cast. ``laid``: where a batch of all n envs' rows
+        is kept laid out (NULL for other batches)."""
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(out)[0]
         cdef Py_ssize_t i
         if self._batch_fits(d, batch, n):
-            _digest_rows([batch], o, n)  # no cast needed: skips the Python layout code
+            # no cast needed: skips the Python layout code
+            if laid != NULL and laid.state >= 0 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>batch) and n > 0:
+                if laid.state == 0:
+                    _laid_build(laid, <cnp.ndarray>batch, n)
+                if laid.state == 1:
+                    _laid_digest(laid, <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>batch), n, o)
+                    return 0
+            _digest_rows([batch], o, n)
             return 0
         if d.variable:  # values of varying size: each row's value cast and digested on its own
             i = 0
@@ -1012,7 +1099,7 @@ cdef class VectorRecorder:
 
     cdef cnp.ndarray _rewards(self, object rewards):
         cdef cnp.ndarray rew
-        if type(rewards) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>rewards) == cnp.NPY_DOUBLE \
+        if cnp.PyArray_CheckExact(rewards) and cnp.PyArray_TYPE(<cnp.ndarray>rewards) == cnp.NPY_DOUBLE \
                 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>rewards) \
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>rewards):
             rew = <cnp.ndarray>rewards
@@ -1022,22 +1109,27 @@ cdef class VectorRecorder:
             raise ValueError("expected %d rewards, got %d" % (self.n, cnp.PyArray_SIZE(rew)))
         return rew
 
-    cdef const uint8_t *_flags(self, object arr, list keep, str what) except NULL:
-        """A bool array of one flag per env, checked for its length."""
-        cdef const uint8_t *p = _bool_data(arr, keep)
-        if cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1]) != self.n:
-            raise ValueError("expected %d values of %s, got %d"
-                             % (self.n, what, cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1])))
-        return p
+    cdef cnp.ndarray _flags(self, object arr, str what):
+        """``arr`` as a C-ordered bool array (itself when it is one) of one flag per env, checked for its length."""
+        cdef cnp.ndarray a
+        if not cnp.PyArray_CheckExact(arr) or cnp.PyArray_TYPE(<cnp.ndarray>arr) != cnp.NPY_BOOL \
+                or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>arr):
+            arr = np.ascontiguousarray(arr, dtype=np.bool_)
+        a = <cnp.ndarray>arr
+        if cnp.PyArray_SIZE(a) != self.n:
+            raise ValueError("expected %d values of %s, got %d" % (self.n, what, cnp.PyArray_SIZE(a)))
+        return a
 
     def ended(self, a, b=None):
         """Indices of the envs where ``a`` or ``b`` is true (b may be None)."""
-        cdef list keep = []
-        cdef const uint8_t *pa = self._flags(a, keep, "flags")
+        cdef cnp.ndarray fa = self._flags(a, "flags")
+        cdef cnp.ndarray fb
+        cdef const uint8_t *pa = <const uint8_t *>cnp.PyArray_DATA(fa)
         cdef const uint8_t *pb = NULL
         cdef Py_ssize_t i
         if b is not None:
-            pb = self._flags(b, keep, "flags")
+            fb = self._flags(b, "flags")
+            pb = <const uint8_t *>cnp.PyArray_DATA(fb)
         out = []
         for i in range(self.n):
             if pa[i] or (pb != NULL and pb[i]):
@@ -1046,15 +1138,16 @@ cdef class VectorRecorder:
 
     def reset(self, obs, mask=None):
         """Record a reset for every env, or for the envs where ``mask`` is true."""
-        cdef list keep = []
+        cdef cnp.ndarray fm
         cdef const uint8_t *pm = NULL
         cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
         cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
         cdef uint64_t zero = _bits(0.0, self.is_f32)
         cdef Py_ssize_t i
         if mask is not None:
-            pm = self._flags(mask, keep, "reset_mask")
-        self._rows(self.obs, obs, self.last_obs)
+            fm = self._flags(mask, "reset_mask")
+            pm = <const uint8_t *>cnp.PyArray_DATA(fm)
+        self._rows(self.obs, obs, self.last_obs, &self.obs_laid)
         self._new_call()
         for i in range(self.n):
             if pm == NULL or pm[i]:
@@ -1064,7 +1157,7 @@ cdef class VectorRecorder:
 
     def actions(self, actions):
         """Digest the actions sent to the envs, before they are handed over (Gymnasium's batch layout)."""
-        self._rows(self.act, actions, self.last_act)
+        self._rows(self.act, actions, self.last_act, &self.act_laid)
 
     @cython.boundscheck(True)  # actions[i] indexes the caller's object: it may be too short
     @cython.wraparound(True)
@@ -1075,7 +1168,7 @@ cdef class VectorRecorder:
         cdef Py_ssize_t i
         if self._batch_fits(self.act, actions, self.n):
             # an array of rows already of the leaf's dtype and shape: row i is actions[i]
-            _digest_rows([actions], o, self.n)
+            self._rows(self.act, actions, self.last_act, &self.act_laid)
             return
         for i in range(self.n):
             try:
@@ -1088,25 +1181,56 @@ cdef class VectorRecorder:
     def step_next(self, obs, rewards, terminated, truncated):
         """A vector step under next-step autoreset: an env whose episode ended at
         its previous step is reset now, and its action is not recorded."""
-        cdef list keep = []
-        cdef const uint8_t *te = self._flags(terminated, keep, "terminated")
-        cdef const uint8_t *tr = self._flags(truncated, keep, "truncated")
+        return self._step_next(obs, rewards, terminated, truncated)
+
+    def step_next_results(self, results):
+        """``step_next`` of a vector env's step results, the (obs, rewards, terminated,
+        truncated, info) it returned, in one call (the trainer side's hot path)."""
+        obs, rewards, terminated, truncated, _ = results
+        return self._step_next(obs, rewards, terminated, truncated)
+
+    cdef bint _step_next(self, obs, rewards, terminated, truncated) except -1:
+        cdef cnp.ndarray fte = self._flags(terminated, "terminated")
+        cdef cnp.ndarray ftr = self._flags(truncated, "truncated")
         cdef cnp.ndarray rew = self._rewards(rewards)
+        cdef const uint8_t *te = <const uint8_t *>cnp.PyArray_DATA(fte)
+        cdef const uint8_t *tr = <const uint8_t *>cnp.PyArray_DATA(ftr)
         cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
         cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
         cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
         cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
-        cdef Py_ssize_t i
-        self._rows(self.obs, obs, self.last_obs)
-        self._new_call()
-        for i in range(self.n):
+        # every env has one event this call: the call's event arrays are written here directly
+        cdef uint8_t *ek = <uint8_t *>cnp.PyArray_DATA(self.ev_kind)
+        cdef uint64_t *eo = <uint64_t *>cnp.PyArray_DATA(self.ev_obs)
+        cdef uint64_t *ea = <uint64_t *>cnp.PyArray_DATA(self.ev_act)
+        cdef uint64_t *er = <uint64_t *>cnp.PyArray_DATA(self.ev_rew)
+        cdef uint8_t *ef = <uint8_t *>cnp.PyArray_DATA(self.ev_flags)
+        cdef int64_t *cnt = <int64_t *>cnp.PyArray_DATA(self.counts)
+        cdef list buffers = self.buffers
+        cdef bint is_f32 = self.is_f32
+        cdef Py_ssize_t i, n = self.n
+        cdef uint8_t kind
+        cdef uint64_t h_act, bits
+        cdef bint t, r
+        self._rows(self.obs, obs, self.last_obs, &self.obs_laid)
+        memset(cnp.PyArray_DATA(self.ev_count), 1, n)
+        for i in range(n):
+            bits = _bits(pr[i], is_f32)
+            t, r = te[i] != 0, tr[i] != 0
             if pend[i]:
+                kind, h_act = KIND_RESET, NO_DIGEST
                 ha[i] = NO_DIGEST
-                self._push(i, KIND_RESET, ho[i], NO_DIGEST, _bits(pr[i], self.is_f32), te[i], tr[i])
                 pend[i] = 0
             else:
-                self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), te[i], tr[i])
-                pend[i] = te[i] or tr[i]
+                kind, h_act = KIND_STEP, ha[i]
+                pend[i] = t or r
+            ek[2 * i] = kind
+            eo[2 * i] = ho[i]
+            ea[2 * i] = h_act
+            er[2 * i] = bits
+            ef[2 * i] = (F_TERMINATED if t else 0) | (F_TRUNCATED if r and not t else 0)
+            cnt[i] += 1
+            (<StreamBuffer>buffers[i]).put(kind, ho[i], h_act, bits, t, r)
         return _due()
 
     def step_same(self, obs, rewards, dict finals):
@@ -1117,13 +1241,16 @@ cdef class VectorRecorder:
         then a reset with the returned obs. The others record a step with
         both flags false.
         """
+        return self._step_same(obs, rewards, finals)
+
+    cdef bint _step_same(self, obs, rewards, dict finals) except -1:
         cdef cnp.ndarray rew = self._rewards(rewards)
         cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
         cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
         cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
         cdef uint64_t zero = _bits(0.0, self.is_f32)
         cdef Py_ssize_t i
-        self._rows(self.obs, obs, self.last_obs)
+        self._rows(self.obs, obs, self.last_obs, &self.obs_laid)
         self._new_call()
         for i in range(self.n):
             if finals and i in finals:
@@ -1133,6 +1260,21 @@ cdef class VectorRecorder:
             else:
                 self._push(i, KIND_STEP, ho[i], ha[i], _bits(pr[i], self.is_f32), False, False)
         return _due()
+
+    def step_same_results(self, results):
+        """``step_same`` of a vector env's step results, the (obs, rewards, terminated, truncated,
+        info) it returned, when no env's episode ended; None, with nothing recorded, when one did
+        (its final observation is for ``step_same`` with its finals)."""
+        obs, rewards, terminated, truncated, _ = results
+        cdef cnp.ndarray fte = self._flags(terminated, "terminated")
+        cdef cnp.ndarray ftr = self._flags(truncated, "truncated")
+        cdef const uint8_t *te = <const uint8_t *>cnp.PyArray_DATA(fte)
+        cdef const uint8_t *tr = <const uint8_t *>cnp.PyArray_DATA(ftr)
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if te[i] or tr[i]:
+                return None
+        return self._step_same(obs, rewards, _NO_FINALS)
 
     def env_reset(self, Py_ssize_t i, obs):
         """Record a reset of env i that returned ``obs``."""
@@ -1173,8 +1315,8 @@ cdef class VectorRecorder:
                              % (m, cnp.PyArray_SIZE(<cnp.ndarray>keep[len(keep) - 1])))
         if m == 0:
             return _due()
-        self._rows(self.act, actions, h_act)
-        self._rows(self.obs, obs, h_obs)
+        self._rows(self.act, actions, h_act, NULL)
+        self._rows(self.obs, obs, h_obs, NULL)
         po = <uint64_t *>cnp.PyArray_DATA(h_obs)
         pa = <uint64_t *>cnp.PyArray_DATA(h_act)
         buf = <StreamBuffer>self.buffers[i]

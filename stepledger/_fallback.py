@@ -597,6 +597,21 @@ class VectorRecorder:
                 over |= self._push(i, S.KIND_STEP, int(self.last_obs[i]), int(self.last_act[i]), bits, False, False)
         return over
 
+    def step_next_results(self, results):
+        """``step_next`` of a vector env's step results, the (obs, rewards, terminated,
+        truncated, info) it returned, in one call (the trainer side's hot path)."""
+        obs, rewards, terminated, truncated, _ = results
+        return self.step_next(obs, rewards, terminated, truncated)
+
+    def step_same_results(self, results):
+        """``step_same`` of a vector env's step results, the (obs, rewards, terminated, truncated,
+        info) it returned, when no env's episode ended; None, with nothing recorded, when one did
+        (its final observation is for ``step_same`` with its finals)."""
+        obs, rewards, terminated, truncated, _ = results
+        if (self._flags(terminated, "terminated") | self._flags(truncated, "truncated")).any():
+            return None
+        return self.step_same(obs, rewards, {})
+
     def env_reset(self, i, obs):
         """Record a reset of env i that returned ``obs``."""
         if not 0 <= i < self.n:

@@ -171,8 +171,14 @@ class TrainerLedger:
         self._pop_tokens = not keep_tokens
         self._kept_actions, self._was_pending = None, None  # with keep_values: the actions under way
         self._warned_missing = False
-        self.ended = []  # the envs whose episode ended at the latest same-step call
+        self.ended = []  # the envs whose episode ended at the latest same-step call of step or step_dones
         self.final_obs_name = "its final observation"  # where it was looked for, for the warning ("{i}": env)
+        # ``step_results(results)``: a vector env's whole step, the (obs, rewards, terminated, truncated,
+        # info) it returned, recorded by the core in one call where nothing else is to be done with it (no
+        # kept values, no live check, a file). It returns False, or True when the recordings want attention
+        # (``attend()``); under same-step autoreset None when an env's episode ended, with nothing recorded
+        # (its final observation is needed: ``step``). None where it does not apply.
+        self.step_results = None
         if not self.keep_values:
             # The hot path: the core's own methods, no Python frame in between.
             self.actions = rec.actions
@@ -181,6 +187,9 @@ class TrainerLedger:
                 self.step = self._step_next_plain
             elif self.autoreset_mode == SAME_STEP:
                 self.step = self._step_same_plain
+            if not live and self.recording is not None:
+                self.step_results = {NEXT_STEP: rec.step_next_results,
+                                     SAME_STEP: rec.step_same_results}.get(self.autoreset_mode)
 
     # ------------------------------------------------------------------ identity
 

@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 
 from ._schema import LINK_ATTR, SETTINGS_KEY
+from .recording import attend
 from .stack import warn_inner_wrappers
 from .trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
 
@@ -159,6 +160,7 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         self.live = bool(live)
         self._same = self.autoreset_mode == SAME_STEP
         self._pending_reset_mask = None  # the mask of a reset started by reset_async
+        self._step_results = self.ledger.step_results  # None with a live check or kept values
 
     @property
     def ledger_path(self):
@@ -186,6 +188,15 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
             self.ledger.interrupted()
             raise
+        record = self._step_results
+        if record is not None:  # the hot path (no live check, no kept values): one call into the core
+            due = record(results)
+            if due is False:
+                return results
+            if due:
+                attend()
+                return results
+            # None: an env's episode ended under same-step autoreset; its final observation is looked up below
         return self._recorded(*results)
 
     # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
