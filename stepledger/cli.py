@@ -242,7 +242,7 @@ def _check(args):
             from .check import check_parallel, parallel_env_factory
         except ImportError as exc:
             raise LedgerError("--trainer supersuit needs PettingZoo and SuperSuit: pip install "
-                              "'plugrl-stepledger[pettingzoo]' supersuit (%s)" % exc) from None
+                              "'plugrl-stepledger[pettingzoo]' (%s)" % exc) from None
         env_fn = parallel_env_factory(args.env_id, args.max_episode_steps)
     else:
         env_fn = registered_env(args.env_id, args.max_episode_steps)

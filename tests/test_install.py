@@ -1,8 +1,10 @@
 """The base install is NumPy and Gymnasium only: isal is an optional accelerator, and files written with and
 without it read the same."""
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -52,6 +54,40 @@ def test_base_install_is_numpy_and_gymnasium_only():
     names = sorted(dep.split(">")[0].split("=")[0].split("[")[0].strip() for dep in project["dependencies"])
     assert names == ["gymnasium", "numpy"]
     assert any(dep.startswith("isal") for dep in project["optional-dependencies"]["isal"])
+
+
+def _names(deps):
+    return {re.split(r"[<>=!~;\[ ]", dep, 1)[0].strip().lower() for dep in deps}
+
+
+@pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")
+def test_the_pettingzoo_extra_is_what_multiagent_needs_and_the_readme_line_is_true():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    extra = _names(extras["pettingzoo"])
+    # stepledger.pettingzoo's env side wraps PettingZoo's parallel envs; its trainer side records SuperSuit's
+    # vector envs, the only ones it has (LedgerSuperSuitVecEnv, index_supersuit_copies, check --trainer supersuit)
+    assert {"pettingzoo", "supersuit"} <= extra, extras["pettingzoo"]
+    assert set(extras["pettingzoo"]) <= set(extras["test"])  # the versions the suite runs
+    # The README's multi-agent install line: the extra and what the line adds give every module the quickstart
+    # imports, and the line adds nothing the extra holds already
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("## Quickstart: PettingZoo"):]
+    section = section[:section.index("\n## ", 1)]
+    line = re.search(r'`pip install "\.\[pettingzoo\]"([^`]*)`', section)
+    assert line, "no install line in the README's PettingZoo quickstart"
+    added = {name.lower() for name in line.group(1).split()}
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    imported = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+    imported -= {"stepledger", "numpy", "gymnasium"}  # this package and its base install
+    assert imported and imported <= extra | added, (imported, extra, added)
+    assert not added & extra, added & extra
 
 
 def test_runs_without_isal_and_files_read_the_same_both_ways(tmp_path):
