@@ -270,23 +270,22 @@ SL_X4_ATTR static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, 
     _mm256_storeu_si256((__m256i *)out, h[0]);
 }
 
-/* 8-byte digests of four messages of at most 128 bytes each, of any lengths: one compression for
- * all four. The env side digests a step's observation and action together this way. */
-SL_X4_ATTR static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t len[4], uint64_t out[4]) {
+/* 8-byte digests of two messages of at most 128 bytes each, each already zero-padded to a whole
+ * 128-byte block (b0 and b1 are 128 bytes): one four-lane compression, lanes 2 and 3 repeating 0
+ * and 1, and no copy. The env side digests a step's observation and action together this way. */
+SL_X4_ATTR static void sl_blake2b64_x2_padded(const uint8_t *b0, size_t len0, const uint8_t *b1, size_t len1,
+                                              uint64_t out[2]) {
     __m256i h[8];
-    uint8_t tail[4][128];
-    const uint8_t *blocks[4];
-    int i, k;
+    uint64_t lanes[4];
+    const uint8_t *blocks[4] = {b0, b1, b0, b1};
+    int i;
     for (i = 0; i < 8; i++) h[i] = _mm256_set1_epi64x((long long)sl_blake2b_iv[i]);
     h[0] = _mm256_xor_si256(h[0], _mm256_set1_epi64x((long long)(0x01010000ULL ^ 8ULL)));
-    for (k = 0; k < 4; k++) {
-        memset(tail[k], 0, 128);
-        if (len[k]) memcpy(tail[k], msg[k], len[k]);
-        blocks[k] = tail[k];
-    }
-    sl_x4_compress(h, blocks, _mm256_set_epi64x((long long)len[3], (long long)len[2], (long long)len[1],
-                                                (long long)len[0]), _mm256_setzero_si256(), 1);
-    _mm256_storeu_si256((__m256i *)out, h[0]);
+    sl_x4_compress(h, blocks, _mm256_set_epi64x((long long)len1, (long long)len0, (long long)len1,
+                                                (long long)len0), _mm256_setzero_si256(), 1);
+    _mm256_storeu_si256((__m256i *)lanes, h[0]);
+    out[0] = lanes[0];
+    out[1] = lanes[1];
 }
 
 /* ---------------------------------------------------------------------------
@@ -366,8 +365,9 @@ static void sl_blake2b64_x4(const uint8_t *msg[4], size_t len, uint64_t out[4]) 
 static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, size_t len, uint64_t out[4]) {
     (void)base; (void)stride; (void)len; (void)out;
 }
-static void sl_blake2b64_x4_small(const uint8_t *msg[4], const size_t len[4], uint64_t out[4]) {
-    (void)msg; (void)len; (void)out;
+static void sl_blake2b64_x2_padded(const uint8_t *b0, size_t len0, const uint8_t *b1, size_t len1,
+                                   uint64_t out[2]) {
+    (void)b0; (void)len0; (void)b1; (void)len1; (void)out;
 }
 #endif
 

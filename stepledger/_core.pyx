@@ -7,7 +7,7 @@ see that module and docs/FORMAT.md for the digest's definition.
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.float cimport PyFloat_AsDouble
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject_IsTrue
 from cpython.ref cimport Py_INCREF
@@ -18,6 +18,8 @@ from libc.string cimport memcpy, memmove, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cimport numpy as cnp
+import math
+
 import numpy as np
 
 from . import _schema as S
@@ -34,8 +36,9 @@ cdef extern from "_blake2b.h":
     int sl_have_avx512() nogil
     void sl_blake2b64_x4(const uint8_t **msg, size_t length, uint64_t *out) nogil
     void sl_blake2b64_x8(const uint8_t *base, size_t stride, size_t length, uint64_t *out) nogil
-    void sl_blake2b64_x4_small(const uint8_t **msg, const size_t *length, uint64_t *out) nogil
     void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, size_t length, uint64_t *out) nogil
+    void sl_blake2b64_x2_padded(const uint8_t *b0, size_t len0, const uint8_t *b1, size_t len1,
+                                uint64_t *out) nogil
 
 IMPLEMENTATION = "cython"
 cdef bint _HAVE_AVX2 = sl_have_avx2()
@@ -144,6 +147,7 @@ def blake2b64(data):
 MISSING_DIGEST = blake2b64(S.MISSING_MESSAGE)
 INVALID_DIGEST = blake2b64(S.INVALID_MESSAGE)
 cdef uint64_t C_INVALID = INVALID_DIGEST
+cdef object _float64 = np.float64  # a float subclass: its value is read without a call
 
 
 cdef inline void _update_header(sl_blake2b_state *st, cnp.ndarray arr, int skip) noexcept:
@@ -534,10 +538,16 @@ cdef class _Digester:
     cdef cnp.npy_intp fast_shape[32]
     cdef bint discrete
     cdef bint variable
+    # A fast leaf whose whole message fits one block: its header (fixed by its dtype and shape), the
+    # length of its data, and 0; else fast_nbytes is -1.
+    cdef uint8_t fast_header[4 + 1 + 8 * 32]
+    cdef Py_ssize_t fast_hlen
+    cdef Py_ssize_t fast_nbytes
 
     def __init__(self, layout):
         self.layout = layout
         self.fast_type = -1
+        self.fast_nbytes = -1
         self.discrete = bool(layout.discrete)
         self.variable = bool(layout.variable)
         if layout.fast_leaf is not None:
@@ -547,11 +557,17 @@ cdef class _Digester:
                 self.fast_ndim = len(shape)
                 for i, d in enumerate(shape):
                     self.fast_shape[i] = d
+                # the type number fixes kind and itemsize only for these kinds (not for str or void)
+                nbytes = dtype.itemsize * math.prod(shape)
+                if dtype.kind in "biufc" and 5 + 8 * len(shape) + nbytes <= 128:
+                    self.fast_hlen = _header_bytes(np.empty(shape, dtype), 0, self.fast_header)
+                    if self.fast_hlen + nbytes <= 128:
+                        self.fast_nbytes = nbytes
 
     cdef inline bint _fits(self, object value):
         cdef cnp.ndarray a
         cdef int i
-        if type(value) is not np.ndarray:
+        if type(value) is not cnp.ndarray:
             return False
         a = <cnp.ndarray>value
         if cnp.PyArray_TYPE(a) != self.fast_type or not cnp.PyArray_IS_C_CONTIGUOUS(a):
@@ -563,26 +579,25 @@ cdef class _Digester:
                 return False
         return True
 
-    cdef Py_ssize_t small_message(self, object value, uint8_t *buf) except -2:
-        """Write the whole digest message of ``value`` into buf (128 bytes) when it takes the
-        fast path and fits one BLAKE2b block; return its length, or -1 (use digest())."""
-        cdef cnp.ndarray a
-        cdef Py_ssize_t nbytes, pos
+    cdef Py_ssize_t padded_message(self, object value, uint8_t *block) except -2:
+        """Write the whole digest message of ``value`` into block (128 bytes), zero-padded to its
+        end, when it takes the fast path and fits one BLAKE2b block; return its length, or -1 (use
+        digest())."""
+        cdef Py_ssize_t n
         cdef int64_t iv
-        if self.fast_type >= 0 and self._fits(value):
-            a = <cnp.ndarray>value
-            nbytes = cnp.PyArray_NBYTES(a)
-            if 5 + 8 * cnp.PyArray_NDIM(a) + nbytes > 128:
-                return -1
-            pos = _header_bytes(a, 0, buf)
-            memcpy(buf + pos, cnp.PyArray_DATA(a), nbytes)
-            return pos + nbytes
+        if self.fast_nbytes >= 0 and self._fits(value):
+            n = self.fast_hlen + self.fast_nbytes
+            memcpy(block, self.fast_header, self.fast_hlen)
+            memcpy(block + self.fast_hlen, cnp.PyArray_DATA(<cnp.ndarray>value), self.fast_nbytes)
+            memset(block + n, 0, 128 - n)
+            return n
         if self.discrete and (type(value) is int or isinstance(value, np.integer)):
             try:
                 iv = PyLong_AsLongLong(value)
             except OverflowError:
                 return -1
-            _int64_message(iv, buf)
+            _int64_message(iv, block)
+            memset(block + 12, 0, 128 - 12)
             return 12
         return -1
 
@@ -693,44 +708,50 @@ cdef class EventRecorder:
     def take_action(self, action):
         """Note the action of the step under way as the env receives it, before the env (which
         may change its array in place) sees it. step_taken() then records the step."""
+        self._take_action(action)
+
+    cdef int _take_action(self, object action) except -1:
         if self.keep is not None:
             leaves = _cast_or_none(self.act_layout, action)
             self.act_leaves = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
-            return
-        self.act_len = self.act.small_message(action, self.act_msg) if _HAVE_AVX2 else -1
+            return 0
+        # a small action's whole message is copied (it is digested with the obs in step_taken)
+        self.act_len = self.act.padded_message(action, self.act_msg) if _HAVE_AVX2 else -1
         if self.act_len < 0:
             self.act_digest = self.act.digest(action)
+        return 0
 
     def step_taken(self, obs, reward, terminated, truncated):
         """Record the step whose action take_action() noted."""
+        return self._step_taken(obs, reward, terminated, truncated) == 1
+
+    cdef int _step_taken(self, object obs, object reward, object terminated, object truncated) except -1:
+        # 1 when the recordings want attention, else 0. Everything that can raise (flags with no truth
+        # value) comes before the event is recorded, so that a failed call records nothing and can be
+        # made again: take_action()'s action is kept until the next one.
         cdef uint8_t mo[128]
-        cdef const uint8_t *msgs[4]
-        cdef size_t lens[4]
-        cdef uint64_t out[4]
+        cdef uint64_t out[2]
+        cdef uint64_t h_rew
+        cdef bint te, tr
         cdef Py_ssize_t lo
         if self.keep is not None:
             return self._keep_event(KIND_STEP, self.act_leaves, obs, reward, terminated, truncated, True)
+        if type(reward) is float or type(reward) is _float64:
+            h_rew = _bits(PyFloat_AS_DOUBLE(reward), self.is_f32)
+        else:
+            h_rew = _reward_bits(reward, self.is_f32)
+        te = PyObject_IsTrue(terminated)
+        tr = PyObject_IsTrue(truncated)
         if self.act_len >= 0:
-            # a small action: digested with a small observation in one four-lane compression
-            lo = self.obs.small_message(obs, mo)
+            # a small action and a small observation: one compression digests both (two lanes of four)
+            lo = self.obs.padded_message(obs, mo)
             if lo >= 0:
-                msgs[0] = mo
-                lens[0] = lo
-            else:  # a large observation: the lane is unused
-                msgs[0] = &self.act_msg[0]
-                lens[0] = self.act_len
-            msgs[1] = &self.act_msg[0]
-            msgs[2] = msgs[0]
-            msgs[3] = &self.act_msg[0]
-            lens[1] = self.act_len
-            lens[2] = lens[0]
-            lens[3] = self.act_len
-            sl_blake2b64_x4_small(msgs, lens, out)
-            return self._record(KIND_STEP, out[0] if lo >= 0 else self.obs.digest(obs), out[1],
-                                _reward_bits(reward, self.is_f32),
-                                PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
-        return self._record(KIND_STEP, self.obs.digest(obs), self.act_digest, _reward_bits(reward, self.is_f32),
-                            PyObject_IsTrue(terminated), PyObject_IsTrue(truncated)) == 1
+                sl_blake2b64_x2_padded(mo, lo, self.act_msg, self.act_len, out)
+            else:  # a large observation: digested alone
+                sl_blake2b64_x2_padded(self.act_msg, self.act_len, self.act_msg, self.act_len, out)
+                out[0] = self.obs.digest(obs)
+            return self._record(KIND_STEP, out[0], out[1], h_rew, te, tr)
+        return self._record(KIND_STEP, self.obs.digest(obs), self.act_digest, h_rew, te, tr)
 
     def step(self, action, obs, reward, terminated, truncated):
         """Record a step whose action is still as the env received it."""

@@ -247,27 +247,32 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def step(self, action):
         # The action is noted as received, before the env sees it: an env that changes its
         # action array in place must not make the ledger disagree with what was sent.
-        self._rec.take_action(action)
+        rec = self._rec
+        rec.take_action(action)
         try:
-            obs, reward, terminated, truncated, info = self.env.step(action)
+            result = self.env.step(action)
+            obs, reward, terminated, truncated, info = result
         except BaseException:  # Ctrl-C or an error inside the env: the run did not end cleanly
             self._interrupted()
             raise
         try:
-            over = self._rec.step_taken(obs, reward, terminated, truncated)
+            over = rec.step_taken(obs, reward, terminated, truncated)
         except Exception:
-            # Values that cannot be digested are recorded as invalid inside the
-            # recorder; what is left is flags with no truth value (an array).
-            # Record them as best we can rather than fail the env's step.
-            try:
-                over = self._rec.step_taken(obs, reward, _flag(terminated), _flag(truncated))
-            except Exception as exc2:
-                over = self._failed("step", exc2)
+            over = self._step_again(obs, reward, terminated, truncated)
         if self.live:
-            info = self._with_token(info)
+            result = obs, reward, terminated, truncated, self._with_token(info)
         if over:
             self._spill()
-        return obs, reward, terminated, truncated, info
+        return result  # the inner env's own tuple: building another costs more than the recording
+
+    def _step_again(self, obs, reward, terminated, truncated):
+        # Values that cannot be digested are recorded as invalid inside the
+        # recorder; what is left is flags with no truth value (an array).
+        # Record them as best we can rather than fail the env's step.
+        try:
+            return self._rec.step_taken(obs, reward, _flag(terminated), _flag(truncated))
+        except Exception as exc:
+            return self._failed("step", exc, stacklevel=4)  # the warning names the caller of step()
 
     def _with_token(self, info):
         # A copy: the env's own dict is left as it was (it may reuse it).
@@ -283,9 +288,9 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._recording is not None:
             self._recording.interrupted = True
 
-    def _failed(self, what, exc):
+    def _failed(self, what, exc, stacklevel=3):
         warnings.warn("stepledger: LedgerEnv(index=%s) could not record a %s: %s" % (self.index, what, exc),
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=stacklevel)
         return False
 
     def _spill(self):
