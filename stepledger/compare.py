@@ -123,8 +123,9 @@ class Report(DifferenceReport):
     report, one line per differing env, then ``N of M envs differ``.
     """
 
-    def __init__(self, envs, differences, partial, values_hint, count_all, notes=()):
+    def __init__(self, envs, differences, partial, values_hint, count_all, notes=(), agent_streams=False):
         self.envs = envs
+        self.agent_streams = agent_streams  # the streams are agents of multi-agent env copies, not envs
         self.differences = differences
         self.partial = partial  # {"env": bool, "trainer": bool}
         self.values_hint = values_hint
@@ -145,7 +146,7 @@ class Report(DifferenceReport):
                 if d.counts:
                     out.append(wording.counts_line(d.env, d.counts, d.agents))
                     out += ["%s: %s" % (wording.stream_name(d.env, d.agents), text) for text in d.patterns]
-        out.append(wording.envs_differ(len(self.differences), len(self.envs)))
+        out.append(wording.envs_differ(len(self.differences), len(self.envs), self.agent_streams))
         agents = wording.agents_differ(self.differences)
         if agents:
             out.append(agents)
@@ -156,7 +157,8 @@ class Report(DifferenceReport):
         return out
 
     def __repr__(self):
-        return "<Report ok=%s: %d of %d envs differ>" % (self.ok, len(self.differences), len(self.envs))
+        return "<Report ok=%s: %s>" % (self.ok, wording.envs_differ(len(self.differences), len(self.envs),
+                                                                   self.agent_streams))
 
     def to_dict(self):
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
@@ -254,14 +256,20 @@ def _ledger_note(name, meta, events):
     return wording.ledger_note(name, ended, meta.get(S.META_UPDATED), events)
 
 
+def _agents_of(stream):
+    """The agents of a multi-agent env ledger's streams (its file's possible_agents), or None."""
+    agents = stream.meta.get(S.META_POSSIBLE_AGENTS)
+    return agents if isinstance(agents, list) and agents else None
+
+
 def _env_notes(env_ledger, env_dir):
     """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
     groups = {}
     for idx, stream in env_ledger.streams.items():
         ended = how_it_ended(stream.meta)
         if ended is not None:
-            agents = stream.meta.get(S.META_POSSIBLE_AGENTS)  # a multi-agent copy's file holds a stream per agent
-            groups.setdefault(ended, set()).add(idx // len(agents) if isinstance(agents, list) and agents else idx)
+            agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
+            groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
     return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())]
 
 
@@ -510,8 +518,8 @@ def _index_hint(report, env_ledger, tr_ledger):
                 break
     if not pairs:
         return None
-    agents = env_ledger.streams[pairs[0][0]].meta.get(S.META_POSSIBLE_AGENTS)
-    if isinstance(agents, list) and agents:
+    agents = _agents_of(env_ledger.streams[pairs[0][0]])
+    if agents:
         # a multi-agent env side: the trainer's slots carry other (env copy, agent) pairs than SuperSuit's order
         return wording.slot_map_hint(sorted((t, e) for e, t in pairs), agents)
     unmatched = [t for t in tr_side if t not in taken]  # suspects differ early from their own file, if any
@@ -785,9 +793,10 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         for d in differences:
             d.trainer_file = tr_ledger.source.get(d.env)
             if d.env in env_ledger.streams:
-                agents = env_ledger.streams[d.env].meta.get(S.META_POSSIBLE_AGENTS)
-                d.agents = agents if isinstance(agents, list) and agents else None
-        report = Report(envs, differences, partial, hint, count_all, notes)
+                d.agents = _agents_of(env_ledger.streams[d.env])
+        on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
+        agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
+        report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report

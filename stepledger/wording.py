@@ -445,8 +445,10 @@ def agents_differ(differences):
         "%s (env %s)" % (agent, ", ".join(str(c) for c in sorted(set(copies)))) for agent, copies in where.items())
 
 
-def envs_differ(n_differ, n_envs):
-    return "%d of %d envs differ" % (n_differ, n_envs)
+def envs_differ(n_differ, n_envs, agent_streams=False):
+    """The count line: how many of the compared streams differ. Each stream of a multi-agent env ledger
+    (stepledger.pettingzoo) is one agent of one env copy, not an env: there, "agent streams"."""
+    return "%d of %d %s differ" % (n_differ, n_envs, "agent streams" if agent_streams else "envs")
 
 
 VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"

@@ -267,3 +267,13 @@ def test_ppo_through_supersuit_sb3_compares_clean_when_episodes_terminate(tmp_pa
     assert report.ok, report.lines()
     with read(os.path.join(d, "env-1.npz")) as led:
         assert len(led.streams[3]) > 20 and led.streams[3].columns["terminated"].sum() >= 4
+
+
+def test_the_count_line_counts_agent_streams(tmp_path):
+    """A multi-agent env ledger's streams are agents of env copies, and the count line says so."""
+    faulty = supersuit_run(str(tmp_path / "sb3"), max_cycles=5, steps=12)  # every truncation a termination
+    assert "6 of 6 agent streams differ" in faulty.lines(), faulty.lines()
+    assert repr(faulty) == "<Report ok=False: 6 of 6 agent streams differ>"
+    clean = gymnasium_form_run(str(tmp_path / "gymnasium"), max_cycles=4, steps=14)
+    assert str(clean).splitlines()[0] == "0 of 6 agent streams differ", str(clean)
+    assert not [line for line in faulty.lines() + clean.lines() if "envs differ" in line]
