@@ -738,13 +738,12 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             if progress is not None:
                 progress(k, len(envs))
             es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
-            if es is None and e in other_runs:
-                uncompared.add(e)  # its env ledger is another run's (a line says so): nothing of its run to compare
-                continue
-            if es is None and how_it_ended(ts.meta) == wording.IN_PROGRESS:
-                # a run going on: its env ledger may not have written anything yet; the compare after
-                # the run, or a later one, tells
-                notes.append(wording.no_env_ledger_yet(e, len(ts)))
+            if es is None and (e in other_runs or how_it_ended(ts.meta) == wording.IN_PROGRESS):
+                # Not compared, and not a difference: its env ledger is another run's (the line on skipped
+                # files says so), or the run goes on and its env ledger may not have written anything yet
+                # (the compare after the run, or a later one, tells)
+                if e not in other_runs:
+                    notes.append(wording.no_env_ledger_yet(e, len(ts)))
                 uncompared.add(e)
                 continue
             if es is None or ts is None:

@@ -199,15 +199,12 @@ class LiveCheck:
             if fault.env in self.later:
                 self.later[fault.env] += 1
             else:
-                self.later.setdefault(fault.env, 0)
+                self.later[fault.env] = 0
                 fresh.append(fault)
-        pending = fresh
-        for fault in pending:
-            self.faults.append(fault)
-        for fault in pending:
-            if self.on_fault != "record":
+        self.faults.extend(fresh)
+        if self.on_fault != "record":
+            for fault in fresh:
                 deliver(fault, self.on_fault)
-
 
     def _slot_faults(self, pairs):
         """Multi-agent: slots whose first token names another (env copy, agent) than the map gives them, in one
