@@ -271,21 +271,68 @@ SL_X4_ATTR static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, 
 }
 
 /* 8-byte digests of two messages of at most 128 bytes each, each already zero-padded to a whole
- * 128-byte block (b0 and b1 are 128 bytes): one four-lane compression, lanes 2 and 3 repeating 0
- * and 1, and no copy. The env side digests a step's observation and action together this way. */
-SL_X4_ATTR static void sl_blake2b64_x2_padded(const uint8_t *b0, size_t len0, const uint8_t *b1, size_t len1,
+ * 128-byte block (b0 and b1 are 128 bytes), read in place: one compression each, with a state's
+ * four rows in four AVX2 registers (a row's four G steps at once; the diagonal step rotates rows
+ * b, c and d into place and back). The two compressions are written interleaved, step by step, so
+ * that each one's chain of dependent steps runs while the other's waits: both cost about a third
+ * of the instructions, and fewer cycles, than one four-lane compression with two lanes idle. The
+ * env side digests a step's observation and action this way. Only word 0 of each state is
+ * computed into the result. */
+#define SL_ROW_HALF_G(k, x, rot_d, rot_b)                                      \
+    do {                                                                       \
+        a##k = _mm256_add_epi64(_mm256_add_epi64(a##k, b##k), (x));            \
+        d##k = rot_d(_mm256_xor_si256(d##k, a##k));                            \
+        c##k = _mm256_add_epi64(c##k, d##k);                                   \
+        b##k = rot_b(_mm256_xor_si256(b##k, c##k));                            \
+    } while (0)
+/* message words i, j, k, l of round r's order into lanes 0..3 */
+#define SL_ROW_M(mm, r, i, j, k, l)                                            \
+    _mm256_set_epi64x((long long)mm[sl_blake2b_sigma[r][l]], (long long)mm[sl_blake2b_sigma[r][k]], \
+                      (long long)mm[sl_blake2b_sigma[r][j]], (long long)mm[sl_blake2b_sigma[r][i]])
+#define SL_ROW_G2(i, j, k, l, i2, j2, k2, l2, r)                               \
+    do {                                                                       \
+        SL_ROW_HALF_G(0, SL_ROW_M(m0, r, i, j, k, l), sl_x4_rotr32, sl_x4_rotr24); \
+        SL_ROW_HALF_G(1, SL_ROW_M(m1, r, i, j, k, l), sl_x4_rotr32, sl_x4_rotr24); \
+        SL_ROW_HALF_G(0, SL_ROW_M(m0, r, i2, j2, k2, l2), sl_x4_rotr16, sl_x4_rotr63); \
+        SL_ROW_HALF_G(1, SL_ROW_M(m1, r, i2, j2, k2, l2), sl_x4_rotr16, sl_x4_rotr63); \
+    } while (0)
+#define SL_ROW_PERMUTE(pb, pc, pd)                                             \
+    do {                                                                       \
+        b0 = _mm256_permute4x64_epi64(b0, pb); b1 = _mm256_permute4x64_epi64(b1, pb); \
+        c0 = _mm256_permute4x64_epi64(c0, pc); c1 = _mm256_permute4x64_epi64(c1, pc); \
+        d0 = _mm256_permute4x64_epi64(d0, pd); d1 = _mm256_permute4x64_epi64(d1, pd); \
+    } while (0)
+#define SL_ROW_ROUND2(r)                                                       \
+    do {                                                                       \
+        SL_ROW_G2(0, 2, 4, 6, 1, 3, 5, 7, r);                                  \
+        SL_ROW_PERMUTE(0x39, 0x4E, 0x93);                                      \
+        SL_ROW_G2(8, 10, 12, 14, 9, 11, 13, 15, r);                            \
+        SL_ROW_PERMUTE(0x93, 0x4E, 0x39);                                      \
+    } while (0)
+
+SL_X4_ATTR static void sl_blake2b64_x2_padded(const uint8_t *b0_, size_t len0, const uint8_t *b1_, size_t len1,
                                               uint64_t out[2]) {
-    __m256i h[8];
-    uint64_t lanes[4];
-    const uint8_t *blocks[4] = {b0, b1, b0, b1};
-    int i;
-    for (i = 0; i < 8; i++) h[i] = _mm256_set1_epi64x((long long)sl_blake2b_iv[i]);
-    h[0] = _mm256_xor_si256(h[0], _mm256_set1_epi64x((long long)(0x01010000ULL ^ 8ULL)));
-    sl_x4_compress(h, blocks, _mm256_set_epi64x((long long)len1, (long long)len0, (long long)len1,
-                                                (long long)len0), _mm256_setzero_si256(), 1);
-    _mm256_storeu_si256((__m256i *)lanes, h[0]);
-    out[0] = lanes[0];
-    out[1] = lanes[1];
+    uint64_t m0[16], m1[16];
+    const uint64_t h0 = sl_blake2b_iv[0] ^ 0x01010000ULL ^ 8ULL;
+    __m256i a0, b0, c0, d0, a1, b1, c1, d1;
+    memcpy(m0, b0_, 128);
+    memcpy(m1, b1_, 128);
+    a0 = a1 = _mm256_set_epi64x((long long)sl_blake2b_iv[3], (long long)sl_blake2b_iv[2],
+                                (long long)sl_blake2b_iv[1], (long long)h0);
+    b0 = b1 = _mm256_set_epi64x((long long)sl_blake2b_iv[7], (long long)sl_blake2b_iv[6],
+                                (long long)sl_blake2b_iv[5], (long long)sl_blake2b_iv[4]);
+    c0 = c1 = _mm256_set_epi64x((long long)sl_blake2b_iv[3], (long long)sl_blake2b_iv[2],
+                                (long long)sl_blake2b_iv[1], (long long)sl_blake2b_iv[0]);
+    /* the byte counter (its high word 0) and the final-block flag */
+    d0 = _mm256_set_epi64x((long long)sl_blake2b_iv[7], (long long)~sl_blake2b_iv[6], (long long)sl_blake2b_iv[5],
+                           (long long)(sl_blake2b_iv[4] ^ (uint64_t)len0));
+    d1 = _mm256_set_epi64x((long long)sl_blake2b_iv[7], (long long)~sl_blake2b_iv[6], (long long)sl_blake2b_iv[5],
+                           (long long)(sl_blake2b_iv[4] ^ (uint64_t)len1));
+    SL_ROW_ROUND2(0); SL_ROW_ROUND2(1); SL_ROW_ROUND2(2); SL_ROW_ROUND2(3);
+    SL_ROW_ROUND2(4); SL_ROW_ROUND2(5); SL_ROW_ROUND2(6); SL_ROW_ROUND2(7);
+    SL_ROW_ROUND2(8); SL_ROW_ROUND2(9); SL_ROW_ROUND2(10); SL_ROW_ROUND2(11);
+    out[0] = h0 ^ (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(_mm256_xor_si256(a0, c0)));
+    out[1] = h0 ^ (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(_mm256_xor_si256(a1, c1)));
 }
 
 /* ---------------------------------------------------------------------------

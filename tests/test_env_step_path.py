@@ -97,6 +97,19 @@ def test_one_compression_gives_each_fields_own_digest(obs_name, act_name):
         assert got == expected, name
 
 
+def test_every_message_length_of_one_block_in_either_lane():
+    """Messages of 12 to 128 bytes (a 12-byte header, 0 to 116 bytes of data), as the observation and as
+    the action of one step, and a zero-length leaf: each digest is the field's own."""
+    rng = np.random.default_rng(7)
+    for k in range(0, 117):
+        obs_space, act_space = gs.Box(0, 255, (k,), np.uint8), gs.Box(0, 255, (116 - k,), np.uint8)
+        pairs = [(obs_space.sample(), act_space.sample()) for _ in range(2)]
+        pairs.append((rng.integers(0, 256, k, dtype=np.uint8), rng.integers(0, 256, 116 - k, dtype=np.uint8)))
+        expected = [(per_field(obs_space, o), per_field(act_space, a)) for o, a in pairs]
+        for core in (C, F):
+            assert steps_recorded(core, obs_space, act_space, copy.deepcopy(pairs), False) == expected, (core, k)
+
+
 class _Failing(gym.Env):
     """Steps with observation t; the step of ``fail_at`` (counted over the env's life) raises after
     editing its action array in place."""
