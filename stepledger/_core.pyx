@@ -705,6 +705,9 @@ cdef class EventRecorder:
             return self._keep_event(KIND_RESET, None, obs, 0.0, False, False)
         return self._record(KIND_RESET, self.obs.digest(obs), NO_DIGEST, _bits(0.0, self.is_f32), False, False) == 1
 
+    # Positional arguments only (as in the pure-Python core): take_action is then METH_O, which the
+    # interpreter calls with no argument parsing, and step_taken parses no keywords.
+    @cython.always_allow_keywords(False)
     def take_action(self, action):
         """Note the action of the step under way as the env receives it, before the env (which
         may change its array in place) sees it. step_taken() then records the step."""
@@ -721,7 +724,7 @@ cdef class EventRecorder:
             self.act_digest = self.act.digest(action)
         return 0
 
-    def step_taken(self, obs, reward, terminated, truncated):
+    def step_taken(self, obs, reward, terminated, truncated, /):
         """Record the step whose action take_action() noted."""
         return self._step_taken(obs, reward, terminated, truncated) == 1
 

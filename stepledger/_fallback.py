@@ -325,7 +325,7 @@ class EventRecorder:
         return self._record(S.KIND_RESET, _digest_value(self.obs_layout, obs), S.NO_DIGEST,
                             reward_bits(0.0, self.reward_is_f32), False, False)
 
-    def take_action(self, action):
+    def take_action(self, action, /):
         """Note the action of the step under way as the env receives it, before the env (which
         may change its array in place) sees it. step_taken() then records the step."""
         if self.keep is not None:
@@ -334,7 +334,7 @@ class EventRecorder:
         else:
             self._act = _digest_value(self.act_layout, action)
 
-    def step_taken(self, obs, reward, terminated, truncated):
+    def step_taken(self, obs, reward, terminated, truncated, /):
         """Record the step whose action take_action() noted."""
         if self.keep is not None:
             return self._keep_event(S.KIND_STEP, self._act, obs, reward, terminated, truncated, action_cast=True)

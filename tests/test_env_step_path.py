@@ -205,3 +205,16 @@ def test_a_pendulum_run_compares_clean_with_the_trainer_side(tmp_path, core_impl
     for i in range(n):
         kinds = read(os.path.join(d, "env-%d.npz" % i)).streams[i].columns["kind"]
         assert (kinds == S.KIND_RESET).sum() == 3 and len(kinds) > 450
+
+
+@pytest.mark.parametrize("core", [C, F], ids=["cython", "python"])
+def test_the_recorders_step_calls_take_positional_arguments_only(core):
+    """As the compiled core's take_action is METH_O (called with no argument parsing): both cores alike."""
+    layout = LeafLayout(gs.Discrete(2))
+    rec = core.EventRecorder(core.StreamBuffer(), layout, layout, True)
+    with pytest.raises(TypeError):
+        rec.take_action(action=1)
+    rec.take_action(1)
+    with pytest.raises(TypeError):
+        rec.step_taken(0, 0.0, False, truncated=False)
+    assert rec.step_taken(0, 0.0, False, False) is False and rec.counter == 1
