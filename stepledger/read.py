@@ -2,10 +2,12 @@
 
 import fnmatch
 import glob
+import itertools
 import json
 import os
 import re
 import tempfile
+import time
 
 import numpy as np
 
@@ -268,17 +270,31 @@ def _newest_writer(files):
     return keep, [lf for group in by_writer.values() for lf in group]
 
 
+_CHANGING_FOR = 10.0  # seconds a ledger path may keep changing under the reader before it gives up
+
+
 def _read_one(path):
     """Files of one ledger path: the final file, or its spilled segments if they are this run's and hold more.
 
     A ledger being written changes under the reader: its segments are merged, or removed once the
     final file is there. A file that vanishes between the listing and its opening is looked for again.
     """
-    for attempt in range(5):
+    deadline = None
+    for attempt in itertools.count():
+        if attempt:
+            # Looked at again at once, then after a growing pause: a writer that spills and merges every few
+            # ms (the idle spiller) can change the files under each of several quick looks on a busy machine.
+            deadline = deadline or time.monotonic() + _CHANGING_FOR
+            if time.monotonic() > deadline:
+                break
+            if attempt > 1:
+                time.sleep(min(0.0005 * 2 ** attempt, 0.05))
         seg_paths = _segments(path)
         opened = []
+        has_final = os.path.exists(path)
+        listed = seg_paths + [path] if has_final else seg_paths
         try:
-            final = LedgerFile(path) if os.path.exists(path) else None
+            final = LedgerFile(path) if has_final else None
             if final is not None:
                 opened.append(final)
             for p in seg_paths:
@@ -286,11 +302,10 @@ def _read_one(path):
         except LedgerError:
             for lf in opened:
                 lf.close()
-            vanished = [p for p in [path] + seg_paths if not os.path.exists(p)]
-            if attempt < 4 and vanished and (seg_paths or os.path.exists(path)):
-                continue
+            if any(not os.path.exists(p) for p in listed):
+                continue  # a file seen a moment ago is gone (merged, or the ledger closed): look again
             raise
-        if final is None and not seg_paths and attempt < 4 and (os.path.exists(path) or _segments(path)):
+        if final is None and not seg_paths and (os.path.exists(path) or _segments(path)):
             # Neither was there when looked at, one is now: the writer's first spill put its segment in
             # place before it removed the final file (or close() wrote the final file before it removed
             # the segments) between the two looks. Look again.
