@@ -330,16 +330,18 @@ SL_X4_ATTR static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, 
         c##k = _mm256_add_epi64(c##k, d##k);                                   \
         b##k = rot_b(_mm256_xor_si256(b##k, c##k));                            \
     } while (0)
+/* message word i of the block at p: 0 from ``words`` on, without a load (the padding is zeros) */
+#define SL_ROW_W(p, i) ((i) < words ? (long long)sl_load64((p) + 8 * (i)) : 0LL)
 /* message words i, j, k, l of round r's order into lanes 0..3 */
-#define SL_ROW_M(mm, r, i, j, k, l)                                            \
-    _mm256_set_epi64x((long long)mm[sl_blake2b_sigma[r][l]], (long long)mm[sl_blake2b_sigma[r][k]], \
-                      (long long)mm[sl_blake2b_sigma[r][j]], (long long)mm[sl_blake2b_sigma[r][i]])
+#define SL_ROW_M(p, r, i, j, k, l)                                             \
+    _mm256_set_epi64x(SL_ROW_W(p, sl_blake2b_sigma[r][l]), SL_ROW_W(p, sl_blake2b_sigma[r][k]), \
+                      SL_ROW_W(p, sl_blake2b_sigma[r][j]), SL_ROW_W(p, sl_blake2b_sigma[r][i]))
 #define SL_ROW_G2(i, j, k, l, i2, j2, k2, l2, r)                               \
     do {                                                                       \
-        SL_ROW_HALF_G(0, SL_ROW_M(m0, r, i, j, k, l), sl_x4_rotr32, sl_x4_rotr24); \
-        SL_ROW_HALF_G(1, SL_ROW_M(m1, r, i, j, k, l), sl_x4_rotr32, sl_x4_rotr24); \
-        SL_ROW_HALF_G(0, SL_ROW_M(m0, r, i2, j2, k2, l2), sl_x4_rotr16, sl_x4_rotr63); \
-        SL_ROW_HALF_G(1, SL_ROW_M(m1, r, i2, j2, k2, l2), sl_x4_rotr16, sl_x4_rotr63); \
+        SL_ROW_HALF_G(0, SL_ROW_M(p0, r, i, j, k, l), sl_x4_rotr32, sl_x4_rotr24); \
+        SL_ROW_HALF_G(1, SL_ROW_M(p1, r, i, j, k, l), sl_x4_rotr32, sl_x4_rotr24); \
+        SL_ROW_HALF_G(0, SL_ROW_M(p0, r, i2, j2, k2, l2), sl_x4_rotr16, sl_x4_rotr63); \
+        SL_ROW_HALF_G(1, SL_ROW_M(p1, r, i2, j2, k2, l2), sl_x4_rotr16, sl_x4_rotr63); \
     } while (0)
 #define SL_ROW_PERMUTE(pb, pc, pd)                                             \
     do {                                                                       \
@@ -355,13 +357,13 @@ SL_X4_ATTR static void sl_blake2b64_x4_laid(const uint8_t *base, size_t stride, 
         SL_ROW_PERMUTE(0x93, 0x4E, 0x39);                                      \
     } while (0)
 
-SL_X4_ATTR static void sl_blake2b64_x2_padded(const uint8_t *b0_, size_t len0, const uint8_t *b1_, size_t len1,
-                                              uint64_t out[2]) {
-    uint64_t m0[16], m1[16];
+/* The two compressions of blocks whose words from ``words`` on are zero. Inlined where ``words`` is
+ * a constant, so the compiler drops the loads of the zero words and every addition of one, as
+ * sl_x4_compress_last does. */
+SL_X4_ATTR static inline __attribute__((always_inline)) void sl_x2_rows(
+        const uint8_t *p0, size_t len0, const uint8_t *p1, size_t len1, uint64_t out[2], const int words) {
     const uint64_t h0 = sl_blake2b_iv[0] ^ 0x01010000ULL ^ 8ULL;
     __m256i a0, b0, c0, d0, a1, b1, c1, d1;
-    memcpy(m0, b0_, 128);
-    memcpy(m1, b1_, 128);
     a0 = a1 = _mm256_set_epi64x((long long)sl_blake2b_iv[3], (long long)sl_blake2b_iv[2],
                                 (long long)sl_blake2b_iv[1], (long long)h0);
     b0 = b1 = _mm256_set_epi64x((long long)sl_blake2b_iv[7], (long long)sl_blake2b_iv[6],
@@ -378,6 +380,17 @@ SL_X4_ATTR static void sl_blake2b64_x2_padded(const uint8_t *b0_, size_t len0, c
     SL_ROW_ROUND2(8); SL_ROW_ROUND2(9); SL_ROW_ROUND2(10); SL_ROW_ROUND2(11);
     out[0] = h0 ^ (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(_mm256_xor_si256(a0, c0)));
     out[1] = h0 ^ (uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(_mm256_xor_si256(a1, c1)));
+}
+
+SL_X4_ATTR static void sl_blake2b64_x2_padded(const uint8_t *b0, size_t len0, const uint8_t *b1, size_t len1,
+                                              uint64_t out[2]) {
+    size_t longer = len0 > len1 ? len0 : len1;
+    /* short messages (a classic-control observation, a Discrete or small Box action) skip their zero words */
+    if (longer <= 16) sl_x2_rows(b0, len0, b1, len1, out, 2);
+    else if (longer <= 24) sl_x2_rows(b0, len0, b1, len1, out, 3);
+    else if (longer <= 32) sl_x2_rows(b0, len0, b1, len1, out, 4);
+    else if (longer <= 64) sl_x2_rows(b0, len0, b1, len1, out, 8);
+    else sl_x2_rows(b0, len0, b1, len1, out, 16);
 }
 
 /* ---------------------------------------------------------------------------
