@@ -563,7 +563,7 @@ def cause_hints(report, env_ledger, tr_ledger):
     if len(fields) == len(diffs) == len(report.envs) and all(d.episode == 0 and d.step <= 1 for d in fields):
         common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
         if common:
-            hints.append(wording.every_env_hint(common[0], len(report.envs)))
+            hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams))
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
             and d.trainer_values.get("truncated") == "True" for d in fields):

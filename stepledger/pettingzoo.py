@@ -328,7 +328,8 @@ def _supersuit_inner(venv):
 def _ledger_in(par_env):
     env = par_env
     while env is not None and not isinstance(env, LedgerParallelEnv):
-        env = own_attr(env, "env")
+        # most SuperSuit wrappers of a parallel env wrap it as an AEC env: aec_to_parallel(w(parallel_to_aec(env)))
+        env = own_attr(env, "env") or own_attr(env, "aec_env")
     return env
 
 

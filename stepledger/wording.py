@@ -27,6 +27,19 @@ INDEX_QUESTION = "is index= each env's position in the vector env?"
 PLACEMENT = ("put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in "
              "the worker")
 
+# Multi-agent (stepledger.pettingzoo): what sits between LedgerParallelEnv and the trainer-side ledger and
+# changes values on purpose, by what it changes, and where the two ledgers go instead.
+AGENT_WRAPPERS_BY_FIELD = {
+    "obs": "SuperSuit's normalize_obs_v0 or observation_lambda_v0 around LedgerParallelEnv, or VecNormalize on the "
+           "vector env",
+    "reward": "SuperSuit's clip_reward_v0 or reward_lambda_v0 around LedgerParallelEnv, or VecNormalize on the "
+              "vector env",
+    "action": "SuperSuit's clip_actions_v0, scale_actions_v0 or action_lambda_v1 around LedgerParallelEnv",
+}
+AGENT_PLACEMENT = ("put LedgerParallelEnv around the SuperSuit wrappers that change values on purpose "
+                   "(LedgerParallelEnv(normalize_obs_v0(par_env), directory)), and the trainer-side ledger directly "
+                   "around SuperSuit's vector env")
+
 
 def _and(items):
     items = list(items)
@@ -150,14 +163,20 @@ def outer_env_wrapper_warning(owner, names):
                                                                       "it" if one else "them"))
 
 
-def every_env_hint(field, n_envs):
-    """Every env differs in the same field from its first events."""
+def every_env_hint(field, n_envs, agent_streams=False):
+    """Every env (every agent stream of a multi-agent env ledger) differs in the same field from its first
+    events."""
     kind = {"obs": "observations", "reward": "rewards", "action": "actions"}.get(field, field)
-    wrappers = WRAPPERS_BY_FIELD.get(field)
-    cause = "a wrapper between the two ledgers that changes %s on purpose%s does that" % (
-        kind, " (%s)" % wrappers if wrappers else "")
-    who = "all %d envs differ" % n_envs if n_envs > 1 else "the env differs"
-    return "hint: %s in %s from their first events: %s; %s" % (who, field, cause, PLACEMENT)
+    wrappers = (AGENT_WRAPPERS_BY_FIELD if agent_streams else WRAPPERS_BY_FIELD).get(field)
+    between = "LedgerParallelEnv and the trainer-side ledger" if agent_streams else "the two ledgers"
+    cause = "a wrapper between %s that changes %s on purpose%s does that" % (
+        between, kind, " (%s)" % wrappers if wrappers else "")
+    if agent_streams:
+        who = "all %d agent streams differ" % n_envs if n_envs > 1 else "the agent stream differs"
+    else:
+        who = "all %d envs differ" % n_envs if n_envs > 1 else "the env differs"
+    return "hint: %s in %s from their first events: %s; %s" % (
+        who, field, cause, AGENT_PLACEMENT if agent_streams else PLACEMENT)
 
 
 TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "

@@ -197,9 +197,10 @@ def test_black_death_phantom_step_at_a_time_limit(tmp_path):
         assert (d.episode, d.step, d.fields, d.untold) == (0, 3, ("truncated",), ("truncated", 1)), d.line()
 
 
-def gymnasium_form_run(d, max_cycles, steps, copies=2):
+def gymnasium_form_run(d, max_cycles, steps, copies=2, env=None):
+    """simple_spread (or ``env``, LedgerParallelEnv in it) through SuperSuit's Gymnasium form, random actions."""
     from stepledger.pettingzoo import LedgerSuperSuitVecEnv
-    env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles), d)
+    env = env or LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles), d)
     venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), copies, num_cpus=0, base_class="gymnasium")
     venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"))
     assert venv.num_envs == 3 * copies  # passed through
@@ -277,3 +278,33 @@ def test_the_count_line_counts_agent_streams(tmp_path):
     clean = gymnasium_form_run(str(tmp_path / "gymnasium"), max_cycles=4, steps=14)
     assert str(clean).splitlines()[0] == "0 of 6 agent streams differ", str(clean)
     assert not [line for line in faulty.lines() + clean.lines() if "envs differ" in line]
+
+
+def wrapped_spread_run(d, wrap, inside):
+    """simple_spread with a SuperSuit wrapper ``wrap`` around LedgerParallelEnv (between the two ledgers) or,
+    ``inside``, around the raw parallel env within it; LedgerSuperSuitVecEnv indexes the copies through it."""
+    par_env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    env = LedgerParallelEnv(wrap(par_env), d) if inside else wrap(LedgerParallelEnv(par_env, d))
+    return gymnasium_form_run(d, 25, 6, env=env)
+
+
+@pytest.mark.parametrize("field,wrap", [
+    ("reward", lambda env: ss.clip_reward_v0(env, -0.5, 0.5)),
+    ("obs", lambda env: ss.observation_lambda_v0(env, lambda obs, space: obs * 2))])
+def test_a_supersuit_wrapper_between_the_ledgers_is_named_for_agent_streams(tmp_path, field, wrap):
+    """A SuperSuit wrapper that changes values, around LedgerParallelEnv, makes every agent stream differ from
+    its first events: the hint counts agent streams and names the multi-agent placement, not LedgerEnv's; that
+    placement (the wrapper inside LedgerParallelEnv) compares clean."""
+    report = wrapped_spread_run(str(tmp_path / "between"), wrap, inside=False)
+    assert len(report.differences) == 6 and all(field in d.fields for d in report.differences), report.lines()
+    hint = [h for h in report.hints if "from their first events" in h]
+    kind = {"reward": "rewards", "obs": "observations"}[field]
+    assert len(hint) == 1 and hint[0].startswith(
+        "hint: all 6 agent streams differ in %s from their first events: a wrapper between LedgerParallelEnv and "
+        "the trainer-side ledger that changes %s on purpose (SuperSuit's " % (field, kind)), report.hints
+    assert ("put LedgerParallelEnv around the SuperSuit wrappers that change values on purpose "
+            "(LedgerParallelEnv(normalize_obs_v0(par_env), directory))") in hint[0]
+    assert ("clip_reward_v0" if field == "reward" else "observation_lambda_v0") in hint[0]
+    assert "LedgerEnv " not in hint[0] and "envs differ" not in hint[0]
+    clean = wrapped_spread_run(str(tmp_path / "inside"), wrap, inside=True)
+    assert clean.ok, clean.lines()
