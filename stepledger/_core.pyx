@@ -746,7 +746,7 @@ cdef class EventRecorder:
         te = PyObject_IsTrue(terminated)
         tr = PyObject_IsTrue(truncated)
         if self.act_len >= 0:
-            # a small action and a small observation: one compression digests both (two lanes of four)
+            # a small action and a small observation: digested together (sl_blake2b64_x2_padded)
             lo = self.obs.padded_message(obs, mo)
             if lo >= 0:
                 sl_blake2b64_x2_padded(mo, lo, self.act_msg, self.act_len, out)
