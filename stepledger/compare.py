@@ -567,7 +567,7 @@ def cause_hints(report, env_ledger, tr_ledger):
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
             and d.trainer_values.get("truncated") == "True" for d in fields):
-        hints.append(wording.TIME_LIMIT_HINT)
+        hints.append(wording.AGENT_TIME_LIMIT_HINT if report.agent_streams else wording.TIME_LIMIT_HINT)
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("terminated", "truncated") and d.env_values.get("truncated") == "True"
             and d.trainer_values.get("terminated") == "True" for d in fields):

@@ -188,8 +188,9 @@ def leftovers(path):
 
     Temporary files of writes in progress or cut short (``NAME.tmp-PID-*``),
     lock files (``NAME.lock``) and the spill segments of a ledger whose final
-    file is there: (name relative to the directory, why it is there). The next
-    writer of a ledger removes those its own killed predecessors left.
+    file is there (one entry for its spill directory, ``NAME.spill/``): (name
+    relative to the directory, why it is there). The next writer of a ledger
+    removes those its own killed predecessors left.
     """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path) or not os.path.exists(path):
@@ -234,13 +235,14 @@ def leftovers(path):
                 out.append((entry, "process %d on %s is recording %s, or was" % (pid, host, name)))
         elif entry.endswith(".spill") and os.path.isdir(full):
             final = full[: -len(".spill")]
+            segments = 0
             for sub in sorted(os.listdir(full)):
-                rel = os.path.join(entry, sub)
                 if S.TMP_INFIX in sub:
-                    out.append(tmp_line(rel))
+                    out.append(tmp_line(os.path.join(entry, sub)))
                 elif sub.startswith("seg-") and os.path.exists(final):
-                    out.append((rel, "a spill segment next to the final file %s: read in its place only if "
-                                     "it is of a later recording or holds more" % os.path.basename(final)))
+                    segments += 1
+            if segments:  # one line for the directory: a killed run leaves one segment a flush
+                out.append((entry + "/", wording.spill_next_to_final(segments, os.path.basename(final))))
     return out
 
 

@@ -182,6 +182,11 @@ def every_env_hint(field, n_envs, agent_streams=False):
 TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "
                    "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put LedgerEnv "
                    "outermost in the worker, after TimeLimit")
+# the same with multi-agent env ledgers: PettingZoo has no TimeLimit; a parallel env wrapper ends the episodes
+AGENT_TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "
+                         "wrapper that ends episodes (a time limit) between LedgerParallelEnv and the trainer-side "
+                         "ledger does that; put LedgerParallelEnv around it (LedgerParallelEnv(time_limit(par_env), "
+                         "directory))")
 
 TRUNCATION_AS_TERMINATION_HINT = (
     "hint: truncation arrived as termination: at each of these steps the env truncated the episode and the "
@@ -533,6 +538,14 @@ def ends_apart(env, which, gap, endings, shared):
                     for side, ended in endings)
     return ("env %d: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
             "the %d events both sides have agree" % (env, which, gap, "" if gap == 1 else "s", why, shared))
+
+
+def spill_next_to_final(n_segments, final):
+    """``stepledger show``: a spill directory whose ledger's final file is there too (a process killed after it
+    wrote it, or while it cleaned up), one line for its ``n_segments`` segments."""
+    one = n_segments == 1
+    return ("%d spill segment%s next to the final file %s: read in its place only if %s of a later recording or "
+            "hold%s more" % (n_segments, "" if one else "s", final, "it is" if one else "they are", "s" if one else ""))
 
 
 def not_compared(name, reason):

@@ -12,6 +12,8 @@ ss = pytest.importorskip("supersuit")
 simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 
 
+from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
+
 from parallel_envs import LeavingEnv, TwoLeaveApart  # noqa: E402
 from stepledger import LedgerError, _schema as S, compare, read  # noqa: E402
 from stepledger.pettingzoo import LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402
@@ -307,4 +309,37 @@ def test_a_supersuit_wrapper_between_the_ledgers_is_named_for_agent_streams(tmp_
     assert ("clip_reward_v0" if field == "reward" else "observation_lambda_v0") in hint[0]
     assert "LedgerEnv " not in hint[0] and "envs differ" not in hint[0]
     clean = wrapped_spread_run(str(tmp_path / "inside"), wrap, inside=True)
+    assert clean.ok, clean.lines()
+
+
+class TruncateAt(BaseParallelWrapper):
+    """A time limit on a parallel env: every agent truncated at the ``limit``-th step of an episode."""
+
+    def __init__(self, env, limit):
+        super().__init__(env)
+        self.limit, self.t = limit, 0
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        obs, rewards, terms, truncs, infos = self.env.step(actions)
+        self.t += 1
+        return obs, rewards, terms, {a: truncs[a] or self.t >= self.limit for a in truncs}, infos
+
+
+def test_a_time_limit_between_the_ledgers_is_named_for_agent_streams(tmp_path):
+    """A wrapper that ends episodes around LedgerParallelEnv: only truncated differs, and the hint names
+    LedgerParallelEnv's placement, not LedgerEnv's and TimeLimit's; the same wrapper inside it compares clean."""
+    par_env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    d = str(tmp_path / "between")
+    report = gymnasium_form_run(d, 25, 8, env=TruncateAt(LedgerParallelEnv(par_env, d), 3))
+    assert len(report.differences) == 6 and all(d.fields == ("truncated",) for d in report.differences)
+    assert report.hints == ["hint: only truncated differs, and the trainer received True where the env gave False: "
+                            "a wrapper that ends episodes (a time limit) between LedgerParallelEnv and the "
+                            "trainer-side ledger does that; put LedgerParallelEnv around it "
+                            "(LedgerParallelEnv(time_limit(par_env), directory))"], report.hints
+    d = str(tmp_path / "inside")
+    clean = gymnasium_form_run(d, 25, 8, env=LedgerParallelEnv(TruncateAt(par_env, 3), d))
     assert clean.ok, clean.lines()

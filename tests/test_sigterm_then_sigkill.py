@@ -63,11 +63,15 @@ time.sleep(600)  # stops recording: the SIGKILL finds it idle
 """
 
 
-def _run(directory, after, steps):
+def _environ():
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run(directory, after, steps):
     return subprocess.Popen([sys.executable, "-c", SCRIPT, directory, after, str(steps)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, env=_environ(), start_new_session=True)
 
 
 def _segments(directory, name):
@@ -149,6 +153,16 @@ def test_a_sigterm_written_ledger_then_sigkill_loses_nothing_and_the_next_run_cl
                "have agree") for i, n in enumerate(ends)), ends
     assert ends == [] or after == "goes-on", ends
     assert str(report).splitlines()[0] == "0 of 2 envs differ"
+    # stepledger show: one line for a ledger's spill directory, with its count of segments, not one a segment
+    shown = subprocess.run([sys.executable, "-m", "stepledger", "show", os.path.join(d, "env-0.npz")],
+                           capture_output=True, text=True, timeout=TIMEOUT, env=_environ())
+    assert shown.returncode == 0, shown.stderr
+    n = len([seg for seg in _segments(d, "env-0.npz") if S.TMP_INFIX not in seg])  # a SIGKILL may cut a spill short
+    what = ("1 spill segment next to the final file env-0.npz: read in its place only if it is of a later "
+            "recording or holds more" if n == 1 else "%d spill segments next to the final file env-0.npz: read in "
+            "its place only if they are of a later recording or hold more" % n)
+    spill_lines = [line for line in shown.stdout.splitlines() if ".spill" in line and S.TMP_INFIX not in line]
+    assert spill_lines == ["  not a ledger: env-0.npz.spill/ (%s)" % what], shown.stdout
 
     # (c) the next run into the directory (a short one, closed, that never spills) removes what was left
     proc = _run(d, "close", 20)
