@@ -519,14 +519,34 @@ def _index_hint(report, env_ledger, tr_ledger):
     if not pairs:
         return None
     agents = _agents_of(env_ledger.streams[pairs[0][0]])
-    if agents:
-        # a multi-agent env side: the trainer's slots carry other (env copy, agent) pairs than SuperSuit's order
-        return wording.slot_map_hint(sorted((t, e) for e, t in pairs), agents)
     unmatched = [t for t in tr_side if t not in taken]  # suspects differ early from their own file, if any
+    if agents:
+        copies = _whole_copies(pairs, len(agents))
+        if copies is None:
+            # a multi-agent env side: the trainer's slots carry other (env copy, agent) pairs than SuperSuit's order
+            return wording.slot_map_hint(sorted((t, e) for e, t in pairs), agents)
+        # every agent of an env file matches the same agent of another env copy: the copy's index is wrong
+        n = len(agents)
+        lost = sorted({t // n for t in unmatched if all(t // n * n + k in unmatched for k in range(n))})
+        duplicates = sorted({e for e, t in copies if e in lost and t * n not in env_ledger.streams})
+        return wording.index_hint(copies, lost, duplicates, copies=True)
     # env-e.npz holds trainer env t's stream, trainer env e has no file of its own and there is no env-t.npz:
     # two envs were given index e and one file overwrote the other
     duplicates = sorted({e for e, t in pairs if e in unmatched and t not in env_ledger.streams})
     return wording.index_hint(pairs, unmatched, duplicates)
+
+
+def _whole_copies(pairs, n):
+    """(env file's copy, trainer's copy) when the matching (env stream, trainer stream) ``pairs`` are whole env
+    copies of ``n`` agents, each agent matching itself in one other copy; None otherwise."""
+    to = {}
+    for e, t in pairs:
+        if e % n != t % n:
+            return None
+        to.setdefault(e // n, set()).add(t // n)
+    if any(len(ts) != 1 for ts in to.values()) or len(pairs) != n * len(to):
+        return None
+    return sorted((c, ts.pop()) for c, ts in to.items())
 
 
 def _unindexed_notes(env_ledger, tr_ledger):
@@ -789,12 +809,14 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(env_ledger, env_dir)
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
+        on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
+        agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
         for d in differences:
             d.trainer_file = tr_ledger.source.get(d.env)
             if d.env in env_ledger.streams:
                 d.agents = _agents_of(env_ledger.streams[d.env])
-        on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
-        agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
+            elif agent_streams:  # a trainer slot no env file holds: an agent stream all the same
+                d.agents = _agents_of(on_env_side[0])
         report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.hints = cause_hints(report, env_ledger, tr_ledger)

@@ -24,6 +24,8 @@ WRAPPERS_BY_FIELD = {
 }
 
 INDEX_QUESTION = "is index= each env's position in the vector env?"
+COPY_INDEX_QUESTION = ("is each LedgerParallelEnv's index its env copy's position in the vector env "
+                       "(index_supersuit_copies(venv) gives copy c index c, in SuperSuit's worker processes too)?")
 PLACEMENT = ("put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in "
              "the worker")
 
@@ -50,32 +52,37 @@ def _and(items):
 
 # ---------------------------------------------------------------- wrong or duplicate index
 
-def _index_hint(parts, pairs, unmatched, duplicates=()):
+def _index_hint(parts, pairs, unmatched, duplicates=(), copies=False):
     text = _and(parts)
+    unit = "env copy" if copies else "env"
     by_index = {}
     for idx, env in pairs:
         by_index.setdefault(idx, []).append(env)
     dups = sorted(set(duplicates) | {idx for idx, envs in by_index.items() if len(envs) > 1})
     if unmatched:
-        text += "; no env-side stream matches the trainer's env%s %s" % (
-            "s" if len(unmatched) > 1 else "", _and(str(e) for e in sorted(unmatched)))
+        text += "; no %s matches the trainer's %s%s %s" % (
+            "env ledger" if copies else "env-side stream", unit, "s" if len(unmatched) > 1 and not copies else "",
+            _and(str(e) for e in sorted(unmatched)))
     if dups:
-        text += "; index=%s was given to more than one env%s" % (
-            _and(str(i) for i in dups), " (their ledger files overwrite each other)" if duplicates else "")
-    return "hint: %s: %s" % (text, INDEX_QUESTION)
+        text += "; index=%s was given to more than one %s%s" % (
+            _and(str(i) for i in dups), unit, " (their ledger files overwrite each other)" if duplicates else "")
+    return "hint: %s: %s" % (text, COPY_INDEX_QUESTION if copies else INDEX_QUESTION)
 
 
-def index_hint(pairs, unmatched=(), duplicates=()):
+def index_hint(pairs, unmatched=(), duplicates=(), copies=False):
     """Offline: env files whose streams match other trainer envs' streams.
 
     ``pairs`` lists (file index, trainer env) for streams that agree although
     the indices differ; ``unmatched`` the trainer envs no env file matches;
     ``duplicates`` the indices that more than one env was given (their files
-    overwrote each other).
+    overwrote each other). With ``copies``, of a multi-agent env side: each
+    file is an env copy's, whose every agent stream matches those of another
+    env copy of the trainer's.
     """
-    parts = ["env-%d.npz %s env %d" % (idx, "matches the trainer's" if k == 0 else "its", env)
+    unit = "env copy" if copies else "env"
+    parts = ["env-%d.npz %s %s %d" % (idx, "matches the trainer's" if k == 0 else "its", unit, env)
              for k, (idx, env) in enumerate(pairs)]
-    return _index_hint(parts, pairs, unmatched, duplicates)
+    return _index_hint(parts, pairs, unmatched, duplicates, copies)
 
 
 def live_index_hint(pairs):

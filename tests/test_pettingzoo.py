@@ -200,10 +200,12 @@ def test_black_death_phantom_step_at_a_time_limit(tmp_path):
 
 
 def gymnasium_form_run(d, max_cycles, steps, copies=2, env=None):
-    """simple_spread (or ``env``, LedgerParallelEnv in it) through SuperSuit's Gymnasium form, random actions."""
+    """simple_spread (or ``env``, LedgerParallelEnv in it, or SuperSuit's vector env of it) through SuperSuit's
+    Gymnasium form, random actions."""
     from stepledger.pettingzoo import LedgerSuperSuitVecEnv
     env = env or LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=max_cycles), d)
-    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), copies, num_cpus=0, base_class="gymnasium")
+    venv = env if hasattr(env, "vec_envs") else ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), copies,
+                                                                      num_cpus=0, base_class="gymnasium")
     venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"))
     assert venv.num_envs == 3 * copies  # passed through
     venv.reset(seed=0)
@@ -343,3 +345,26 @@ def test_a_time_limit_between_the_ledgers_is_named_for_agent_streams(tmp_path):
     d = str(tmp_path / "inside")
     clean = gymnasium_form_run(d, 25, 8, env=LedgerParallelEnv(TruncateAt(par_env, 3), d))
     assert clean.ok, clean.lines()
+
+
+@pytest.mark.parametrize("indices,hint", [
+    ((1, 0), "env-0.npz matches the trainer's env copy 1 and env-1.npz its env copy 0"),
+    ((0, 0), "env-0.npz matches the trainer's env copy 1; no env ledger matches the trainer's env copy 0; index=0 "
+             "was given to more than one env copy (their ledger files overwrite each other)")])
+def test_env_copies_given_the_wrong_index_are_named_as_copies(tmp_path, indices, hint):
+    """Env copies whose LedgerParallelEnv got another copy's index (swapped, or one index twice): every agent of
+    an env file matches the same agent of another copy, and the hint names the files and copies and asks about
+    the copies' indices, not about the vector env's slot order; trainer slots no env file holds name their agent."""
+    d = str(tmp_path)
+    env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), d)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=0, base_class="gymnasium")
+    for copy, index in zip(venv.vec_envs, indices):
+        copy.par_env.set_index(index)  # by hand, wrongly (index_supersuit_copies gives copy c index c)
+    report = gymnasium_form_run(d, 25, 4, env=venv)
+    assert report.hints[-1] == ("hint: %s: is each LedgerParallelEnv's index its env copy's position in the vector "
+                                "env (index_supersuit_copies(venv) gives copy c index c, in SuperSuit's worker "
+                                "processes too)?" % hint), report.hints
+    if indices == (0, 0):
+        assert [d.line() for d in report.differences if d.what == "one_side"] == [
+            "env 1, agent agent_%d: recorded only on the trainer side (5 events); the env ledger has no stream for it"
+            % k for k in range(3)]
