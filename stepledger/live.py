@@ -152,11 +152,13 @@ class LiveCheck:
                 continue
             if not isinstance(theirs, dict):
                 continue
+            agents = theirs.get(S.META_POSSIBLE_AGENTS)
+            if not (isinstance(agents, list) and agents and all(isinstance(a, str) for a in agents)):
+                agents = None
             text = wording.settings_difference(theirs, self.settings)
             if text:
-                raise SettingsError(wording.live_settings(self.owner, i, text))
-            agents = theirs.get(S.META_POSSIBLE_AGENTS)
-            if isinstance(agents, list) and agents and all(isinstance(a, str) for a in agents):
+                raise SettingsError(wording.live_settings(self.owner, i, text, agents))
+            if agents:
                 self.agents = agents
 
     def __call__(self, single, first=None, second=None):

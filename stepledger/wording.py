@@ -320,11 +320,16 @@ SETTING_NAMES = {S.META_REWARD_DTYPE: "reward dtype", S.META_OBS_SPACE: "observa
                  S.META_ACT_SPACE: "action space"}
 
 
-def different_settings(key, env_text, trainer_text):
-    """The two sides recorded with different settings: offline compare and the live check both say this."""
+def different_settings(key, env_text, trainer_text, agent_streams=False):
+    """The two sides recorded with different settings: offline compare and the live check both say this.
+    ``agent_streams``: the env side is multi-agent (stepledger.pettingzoo)."""
     msg = "the two sides recorded different %ss: env %s, trainer %s" % (SETTING_NAMES[key], env_text, trainer_text)
     if key == S.META_REWARD_DTYPE:
         return msg + "; pass the same reward_dtype to both sides"
+    if agent_streams:
+        return msg + ("; a wrapper that changes the space (SuperSuit's frame_stack_v1, agent_indicator_v0, "
+                      "flatten_v0, ... around LedgerParallelEnv, or VecFrameStack on the vector env) probably sits "
+                      "between LedgerParallelEnv and the trainer-side ledger: %s" % AGENT_PLACEMENT)
     return msg + ("; a wrapper that changes the space (VecFrameStack, NormalizeObservation, ...) probably sits "
                   "between a ledger and the vector env: %s" % PLACEMENT)
 
@@ -337,7 +342,7 @@ def settings_difference(env_meta, trainer_meta):
     live check of the settings sent with an env's first token.
     """
     found = differing_setting(env_meta, trainer_meta)
-    return None if found is None else different_settings(*found)
+    return None if found is None else different_settings(*found, bool(env_meta.get(S.META_POSSIBLE_AGENTS)))
 
 
 def differing_setting(a_meta, b_meta):
@@ -349,9 +354,11 @@ def differing_setting(a_meta, b_meta):
     return None
 
 
-def live_settings(owner, env, text):
-    """The live check refuses at an env's first token: its LedgerEnv records with other settings."""
-    return "%s: env %d's LedgerEnv(live=True) records with other settings than this ledger: %s" % (owner, env, text)
+def live_settings(owner, env, text, agents=None):
+    """The live check refuses at an env's first token: its LedgerEnv (an agent's LedgerParallelEnv, with the
+    ``agents`` of a multi-agent env side) records with other settings."""
+    return "%s: %s's %s(live=True) records with other settings than this ledger: %s" % (
+        owner, stream_name(env, agents), "LedgerParallelEnv" if agents else "LedgerEnv", text)
 
 
 # ---------------------------------------------------------------- a differing event

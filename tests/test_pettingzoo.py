@@ -368,3 +368,24 @@ def test_env_copies_given_the_wrong_index_are_named_as_copies(tmp_path, indices,
         assert [d.line() for d in report.differences if d.what == "one_side"] == [
             "env 1, agent agent_%d: recorded only on the trainer side (5 events); the env ledger has no stream for it"
             % k for k in range(3)]
+
+
+def test_a_space_changing_wrapper_between_the_ledgers_is_named_for_agent_streams(tmp_path):
+    """SuperSuit's frame_stack_v1 around LedgerParallelEnv: the two sides recorded different observation spaces,
+    and the refusal names SuperSuit's wrappers and LedgerParallelEnv's placement, not LedgerEnv's; inside it the
+    run compares clean."""
+    from stepledger import SettingsError
+    par_env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    d = str(tmp_path / "between")
+    with pytest.raises(SettingsError) as caught:
+        gymnasium_form_run(d, 25, 3, env=ss.frame_stack_v1(LedgerParallelEnv(par_env, d), 2))
+    text = str(caught.value)
+    assert text.startswith("the two sides recorded different observation spaces: env "), text
+    assert text.endswith("; a wrapper that changes the space (SuperSuit's frame_stack_v1, agent_indicator_v0, "
+                         "flatten_v0, ... around LedgerParallelEnv, or VecFrameStack on the vector env) probably "
+                         "sits between LedgerParallelEnv and the trainer-side ledger: put LedgerParallelEnv around "
+                         "the SuperSuit wrappers that change values on purpose (LedgerParallelEnv(normalize_obs_v0("
+                         "par_env), directory)), and the trainer-side ledger directly around SuperSuit's vector "
+                         "env"), text
+    d = str(tmp_path / "inside")
+    assert gymnasium_form_run(d, 25, 3, env=LedgerParallelEnv(ss.frame_stack_v1(par_env, 2), d)).ok

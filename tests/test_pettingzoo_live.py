@@ -167,7 +167,7 @@ def test_settings_that_differ_are_refused_at_the_first_token(tmp_path, form):
     with pytest.raises(SettingsError) as caught:
         drive(venv, 1)
     text = str(caught.value)
-    assert "env 0's LedgerEnv(live=True) records with other settings than this ledger" in text
+    assert "env 0, agent agent_0's LedgerParallelEnv(live=True) records with other settings than this ledger" in text
     assert 'different reward dtypes: env "float64", trainer "float32"' in text, text
     assert "\n" not in text
     venv.close()
