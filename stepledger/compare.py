@@ -282,7 +282,7 @@ def _ends_note(env_id, es, ts):
         which, gap = "trainer", n_env - n_tr
     why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
     return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
-                              min(n_env, n_tr))
+                              min(n_env, n_tr), _agents_of(es))
 
 
 # ---------------------------------------------------------------- values

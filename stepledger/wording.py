@@ -545,13 +545,14 @@ def env_files_ended(env_dir, indices, ended):
     return "%s: %s %s" % (env_dir, names, ended)
 
 
-def ends_apart(env, which, gap, endings, shared):
+def ends_apart(env, which, gap, endings, shared, agents=None):
     """Streams that agree as far as both go, in a run that did not end cleanly: ``which`` side stopped
     ``gap`` events before the other's end; ``endings`` lists (side, how its ledger ended)."""
     why = "; ".join("the %s ledger %s %s" % (side, "is" if ended == IN_PROGRESS else "was", ended)
                     for side, ended in endings)
-    return ("env %d: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
-            "the %d events both sides have agree" % (env, which, gap, "" if gap == 1 else "s", why, shared))
+    return ("%s: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
+            "the %d events both sides have agree" % (stream_name(env, agents), which, gap, "" if gap == 1 else "s",
+                                                     why, shared))
 
 
 def spill_next_to_final(n_segments, final):

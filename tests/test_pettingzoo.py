@@ -389,3 +389,39 @@ def test_a_space_changing_wrapper_between_the_ledgers_is_named_for_agent_streams
                          "env"), text
     d = str(tmp_path / "inside")
     assert gymnasium_form_run(d, 25, 3, env=LedgerParallelEnv(ss.frame_stack_v1(par_env, 2), d)).ok
+
+
+KILLED_SCRIPT = r"""
+import gc, os, signal, sys
+import numpy as np, supersuit as ss
+from mpe2 import simple_spread_v3
+from stepledger.pettingzoo import LedgerParallelEnv, LedgerSuperSuitVecEnv
+d = sys.argv[1]
+env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), d)
+venv = LedgerSuperSuitVecEnv(ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=0,
+                                                   base_class="gymnasium"), os.path.join(d, "trainer.npz"))
+venv.reset(seed=0)
+for t in range(6):
+    if t == 4:  # the env ledgers' last spill: a reset and 4 steps
+        for copy in [c for c in gc.get_objects() if isinstance(c, LedgerParallelEnv)]:
+            copy.flush()
+    venv.step(np.zeros(6, np.int64))
+venv.ledger.close()
+os.kill(os.getpid(), signal.SIGKILL)  # the env ledgers are never written: their spill segments are what is left
+"""
+
+
+def test_records_that_end_apart_name_the_agent(tmp_path):
+    """A process killed after its trainer ledger closed and its env ledgers last spilled 2 steps earlier: the
+    notes name each agent stream by its env copy and agent, not as an env."""
+    import subprocess
+    import sys
+    d = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, d], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
+    ends = [n for n in report.notes if "records end at different points" in n]
+    assert ends == ["env %d, agent agent_%d: records end at different points (the env side stopped 2 events before "
+                    "the other's end; the env ledger was not closed (its process is gone)); the 5 events both sides "
+                    "have agree" % (s // 3, s % 3) for s in range(6)], report.notes
