@@ -385,8 +385,9 @@ def test_supersuit_close_kills_a_worker_still_writing(tmp_path):
     report = compare(str(tmp_path), str(tmp_path / "trainer.npz"))
     assert report.ok, str(report)  # what both sides have agrees: a run that ended badly, not a boundary fault
     text = str(report)
-    lost = re.findall(r"^env (\d), agent (agent_\d): records end at different points \(the env side stopped (\d+) events before the "
-                      r"other's end; the env ledger was not closed \(its process is gone\)\)", text, re.M)
+    lost = re.findall(r"^env (\d), agent (agent_\d): records end at different points \(the env side stopped (\d+) "
+                      r"events before the other's end; the env ledger was not closed \(its process is gone\)\)",
+                      text, re.M)
     # what a copy lost is what it had not spilled when it was killed (the spills' timing says how much)
     assert len(text.splitlines()) == 2 + len(lost), text
     assert "env-0.npz, env-1.npz" in text and "not closed (its process is gone)" in text.splitlines()[-1], text
