@@ -81,6 +81,8 @@ class _Process:
     writing = 0            # writes under way (a SIGTERM then waits for them)
     pending_signal = None  # a SIGTERM that arrived during a write
     previous_sigterm = None
+    held_sigint = None     # the SIGINT handler set aside while the main thread writes (see _hold_sigint)
+    pending_sigint = None  # (signum, frame) of a Ctrl-C that came meanwhile
 
 
 class _IdleSpiller:
@@ -210,14 +212,55 @@ def _end_daemonic_children(timeout=30.0):
 
 @contextlib.contextmanager
 def _writing():
-    _Process.writing += 1
+    """A write, or a change of what is in memory against what the segments hold: a SIGTERM waits for
+    its end, and so does a Ctrl-C in the main thread. A KeyboardInterrupt raised between writing a
+    segment and letting go of its events would leave them both in the segment and in memory (written
+    twice), or let go of without their count (lost)."""
+    holding = _hold_sigint()
     try:
-        yield
+        _Process.writing += 1
+        try:
+            yield
+        finally:
+            _Process.writing -= 1
+            if _Process.writing == 0 and _Process.pending_signal is not None:
+                signum, _Process.pending_signal = _Process.pending_signal, None
+                _end_by_signal(signum, None)
     finally:
-        _Process.writing -= 1
-        if _Process.writing == 0 and _Process.pending_signal is not None:
-            signum, _Process.pending_signal = _Process.pending_signal, None
-            _end_by_signal(signum, None)
+        if holding:
+            _let_sigint_through()
+
+
+def _hold_sigint():
+    """In the main thread, where Python raises KeyboardInterrupt, with a Python handler for SIGINT: set it
+    aside until _let_sigint_through(). True if this call did (not already held, not another thread)."""
+    if _Process.held_sigint is not None or threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        if not callable(previous):
+            return False  # ignored, the system's default, or set outside Python: nothing raised meanwhile
+        signal.signal(signal.SIGINT, _sigint_held)
+    except (ValueError, OSError, TypeError):
+        return False
+    _Process.held_sigint, _Process.pending_sigint = previous, None
+    return True
+
+
+def _sigint_held(signum, frame):
+    _Process.pending_sigint = (signum, frame)
+
+
+def _let_sigint_through():
+    """Put the SIGINT handler back; a Ctrl-C that came meanwhile is handled now (KeyboardInterrupt)."""
+    previous, _Process.held_sigint = _Process.held_sigint, None
+    pending, _Process.pending_sigint = _Process.pending_sigint, None
+    try:
+        signal.signal(signal.SIGINT, previous)
+    except (ValueError, OSError, TypeError):
+        pass
+    if pending is not None:
+        previous(*pending)
 
 
 def _hook_process():
@@ -252,6 +295,9 @@ def _forget_parent_recordings():
     core.set_memory_in_use(0)
     core.set_deadline(math.inf)
     _Process.writing, _Process.pending_signal = 0, None
+    if _Process.held_sigint is not None:  # forked by another thread while the main one was writing
+        _Process.pending_sigint = None  # the parent's Ctrl-C, not this process's
+        _let_sigint_through()
 
 
 atexit.register(_close_all_at_exit)

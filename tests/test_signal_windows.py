@@ -51,3 +51,82 @@ def test_sigterm_while_a_lock_is_held_writes_the_ledger_and_ends_the_process(tmp
     with read(str(tmp_path / "env-0.npz")) as led:
         assert not led.partial and led.meta[S.META_STATE] == S.STATE_SIGNAL
         assert len(led.streams[0]) == 10
+
+
+# ---------------------------------------------------------------- Ctrl-C inside a write
+
+def _ctrl_c_right_after(rec, name):
+    """Send this process a real SIGINT right after ``rec.name`` returns (inside the write that called it)."""
+    original = getattr(rec, name)
+
+    def then_ctrl_c(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    setattr(rec, name, then_ctrl_c)
+    return lambda: delattr(rec, name)
+
+
+def test_a_ctrl_c_between_writing_a_segment_and_letting_go_of_its_events_waits_for_the_write(tmp_path):
+    """A Ctrl-C whose KeyboardInterrupt came after a spill wrote its segment and before the buffers let go
+    of those events left them both in the segment and in memory: the final file then held them twice
+    (the trainer's stream longer than the env's, a false alarm). It is raised once the write is done."""
+    import functools
+    import gymnasium as gym
+    import numpy as np
+    import envs_for_tests as E
+    from stepledger import LedgerEnv, LedgerVectorEnv, compare, read
+    d = str(tmp_path)
+    envs = LedgerVectorEnv(gym.vector.SyncVectorEnv(
+        [functools.partial(lambda i: LedgerEnv(E.CountEnv(length=4), d, index=i), i) for i in range(3)]),
+        os.path.join(d, "trainer.npz"))
+    envs.reset(seed=0)
+    for _ in range(10):
+        envs.step(np.zeros(3, np.int64))
+    rec = envs.ledger.recording
+    undo = _ctrl_c_right_after(rec, "_write_spill")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            envs.flush()
+    finally:
+        undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    for _ in range(5):
+        envs.step(np.zeros(3, np.int64))
+    envs.close()
+    with read(os.path.join(d, "trainer.npz")) as led:
+        assert {i: len(s) for i, s in led.streams.items()} == {0: 16, 1: 16, 2: 16}  # 1 reset + 15 steps
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok and report.notes == [], str(report)
+
+
+def test_a_ctrl_c_inside_a_write_is_raised_after_it_and_only_in_the_main_thread():
+    from stepledger import recording
+    with pytest.raises(KeyboardInterrupt):
+        with recording._writing():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the interpreter looks at its signals on the way round
+                pass
+            inside = "finished"
+    assert inside == "finished" and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # a handler of the program's own is called with it, once the write is done
+    got = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        with recording._writing():
+            with recording._writing():  # nested: held once, let through once
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):
+                    pass
+            assert got == []
+        assert got == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # another thread's write sets nothing aside: only the main thread gets KeyboardInterrupt
+    import threading
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(recording._hold_sigint()))
+    t.start()
+    t.join()
+    assert seen == [False] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
