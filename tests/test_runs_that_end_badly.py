@@ -270,6 +270,13 @@ def test_compare_at_any_moment_of_a_rerun_finds_no_difference(tmp_path):
     assert (0, 1, 2, 3) in seen, seen
 
 
+def _flushed_run(d):
+    """A trainer ledger of 2 envs and 5 vector steps in ``d``, flushed to a segment, its recording still open."""
+    envs = sync_run(d, 2, 5, close=False)
+    envs.flush()
+    return envs, os.path.join(d, "trainer.npz")
+
+
 def test_a_read_between_the_first_spill_of_a_rerun_and_the_removal_of_the_old_file_finds_the_rerun(
         tmp_path, monkeypatch):
     """The reader lists the spill directory (empty), then the re-run's first spill puts its segment there and
@@ -304,9 +311,7 @@ def test_a_read_between_close_writing_the_final_file_and_removing_the_segments_f
     """The other order: the reader lists the segments, close() writes the final file and removes them, the
     reader opens what it listed. It must look again and read the final file."""
     d = str(tmp_path)
-    envs = sync_run(d, 2, 5, close=False)
-    envs.flush()
-    path = os.path.join(d, "trainer.npz")
+    envs, path = _flushed_run(d)
     real, looks = READER._segments, []
 
     def listing_then_close(p):
@@ -950,9 +955,7 @@ def test_a_ledger_whose_files_change_under_many_looks_in_a_row_is_read(tmp_path,
     can list a segment that is gone by its opening (seen: "seg-000062.npz: no such file" from a compare of a
     run with a 2 ms interval). The reader keeps looking, with a growing pause, and reads the ledger."""
     d = str(tmp_path)
-    envs = sync_run(d, 2, 5, close=False)
-    envs.flush()
-    path = os.path.join(d, "trainer.npz")
+    envs, path = _flushed_run(d)
     real, looks = READER._segments, []
 
     def a_vanished_segment_listed(p):
@@ -972,9 +975,7 @@ def test_a_ledger_whose_files_change_under_many_looks_in_a_row_is_read(tmp_path,
 
 def test_a_ledger_that_never_stops_changing_is_refused_in_time(tmp_path, monkeypatch):
     d = str(tmp_path)
-    envs = sync_run(d, 2, 5, close=False)
-    envs.flush()
-    path = os.path.join(d, "trainer.npz")
+    envs, path = _flushed_run(d)
     real = READER._segments
     monkeypatch.setattr(READER, "_segments", lambda p: real(p) + [os.path.join(d, "trainer.npz.spill", "seg-999999.npz")])
     monkeypatch.setattr(READER, "_CHANGING_FOR", 0.3)
@@ -992,9 +993,7 @@ def test_a_damaged_segment_of_a_ledger_with_no_final_file_is_refused_at_once(tmp
     """Looking again is for files that vanish; a segment that is there and damaged is refused on the first look
     (a segments-only ledger has no final file: that absence is not a change under the reader)."""
     d = str(tmp_path)
-    envs = sync_run(d, 2, 5, close=False)
-    envs.flush()
-    path = os.path.join(d, "trainer.npz")
+    envs, path = _flushed_run(d)
     seg = READER._segments(path)[0]
     try:
         with open(seg, "r+b") as f:
