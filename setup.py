@@ -49,13 +49,14 @@ class OptionalBuildExt(build_ext):
 
 
 def write_layout():
-    """Write stepledger/_layout.pxi: the live token's layout from _schema.py, as compile-time constants
+    """Write stepledger/_layout.pxi: the live token's layout from format/schema.py, as compile-time constants
     of the compiled core (T_<FIELD> where a field starts, W_<FIELD> its width, T_SIZE, F_* the flag bits)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("_stepledger_schema", os.path.join(HERE, "stepledger", "_schema.py"))
+    path = os.path.join(HERE, "stepledger", "format", "schema.py")
+    spec = importlib.util.spec_from_file_location("_stepledger_schema", path)
     schema = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(schema)
-    lines = ["# Written by setup.py from stepledger/_schema.py (TOKEN_FIELDS); do not edit.", "cdef enum:",
+    lines = ["# Written by setup.py from stepledger/format/schema.py (TOKEN_FIELDS); do not edit.", "cdef enum:",
              "    T_SIZE = %d" % schema.TOKEN_SIZE]
     for name, _ in schema.TOKEN_FIELDS:
         lines.append("    T_%s = %d" % (name.upper(), schema.TOKEN_OFFSETS[name]))

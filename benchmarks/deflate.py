@@ -47,8 +47,9 @@ def child(n_envs, events, pool_steps, path, block):
     sys.path.insert(0, HERE)
     from storage import Pool, record
 
-    from stepledger import _schema, ledgerfile
-    from stepledger._zipwriter import DEFLATE
+    from stepledger.format import schema as _schema
+    from stepledger.format import ledgerfile
+    from stepledger.format.zipwriter import DEFLATE
     if block == "2":  # the levels of the writer before isal was optional, with zlib
         ledgerfile._LEVEL.update(_schema.COLUMN_LEVELS["isal"])
     pool = Pool(n_envs, pool_steps)
@@ -92,7 +93,8 @@ def main():
                 paths[name] = path
                 print("round %d, %s: close() %.2f s, %.2f bytes an event" % (
                     r, name, res["close_s"], res["bytes"] / (args.num_envs * args.events_per_env)), flush=True)
-        from stepledger import _schema, read
+        from stepledger import read
+        from stepledger.format import schema as _schema
 
         def settings(meta):  # what a recording's files share: not the writer, run, times or pid
             return {k: v for k, v in meta.items() if k not in _schema.PER_FILE_META}

@@ -62,7 +62,7 @@ def reset(venv, form):
 
 def discard(venv, directory):
     """Close without the final write: the ledgers are not the point here."""
-    from stepledger import recording
+    from stepledger.recording import recording
     for rec in list(recording._OPEN.values()):
         rec.discard()
     venv.close()

@@ -40,7 +40,8 @@ N_ENVS = 4
 def make_envs(directory):
     import gymnasium as gym
 
-    from stepledger import LedgerEnv, LedgerVectorEnv, storage
+    from stepledger import LedgerEnv, LedgerVectorEnv
+    from stepledger.format import storage
 
     def make(i):
         return LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=200), directory, index=i)
@@ -56,7 +57,8 @@ def actions(steps):
 
 def run_close_compare(directory, acts):
     """(close seconds, compare seconds) of one run of len(acts) steps at ``directory``."""
-    from stepledger import compare, storage
+    from stepledger import compare
+    from stepledger.format import storage
     envs = make_envs(directory)
     envs.reset(seed=0)
     for a in acts:
@@ -76,7 +78,7 @@ def run_steps(directory, acts):
     The CPU time is the whole process's (time.process_time), the upload thread's included: on a machine
     shared with other work, wall time also counts the time others ran, and CPU time does not.
     """
-    from stepledger import uploader
+    from stepledger.format import remote as uploader
     envs = make_envs(directory)
     envs.reset(seed=0)
     c0, t0 = time.process_time(), time.perf_counter()

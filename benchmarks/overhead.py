@@ -65,7 +65,7 @@ def pendulum_vector(config, n, directory, flush_interval=None):
 
 def spills():
     """Spills (periodic and memory-driven) of the recordings open in this process so far."""
-    from stepledger import recording
+    from stepledger.recording import recording
     return sum(rec.spills for rec in recording._OPEN.values())
 
 
@@ -85,7 +85,7 @@ def discard(envs, directory):
 
 
 def _close_quietly(envs):
-    from stepledger import recording
+    from stepledger.recording import recording
     for rec in list(recording._OPEN.values()):
         rec.discard()
     envs.close()

@@ -73,9 +73,9 @@ def write_ledgers(directory, events_per_env):
     sys.path.insert(0, HERE)
     import storage  # the Pendulum pool and the recording loop of storage.py
 
-    from stepledger import _schema as S
+    from stepledger.format import schema as S
     from stepledger import read
-    from stepledger.ledgerfile import Segment, write_ledger
+    from stepledger.format.ledgerfile import Segment, write_ledger
     pool = storage.Pool(16, 4000)
     recorded = os.path.join(directory, "recorded.npz")
     rec = storage.record(recorded, pool, events_per_env)

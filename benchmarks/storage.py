@@ -150,7 +150,8 @@ def log(text):
 def bytes_per_event(n_envs, steps, keep_values, tmp):
     import gymnasium as gym
 
-    from stepledger import LedgerEnv, LedgerVectorEnv, core, read
+    from stepledger import LedgerEnv, LedgerVectorEnv, read
+    from stepledger import core
     d = tempfile.mkdtemp(prefix="bytes-", dir=tmp)
     trainer = os.path.join(d, "trainer.npz")
     # no periodic spills either (flush_interval=inf): everything recorded is in memory when counted
@@ -183,7 +184,7 @@ class Pool:
     def __init__(self, n_envs, steps, seed=0):
         import gymnasium as gym
 
-        from stepledger.spaces import LeafLayout
+        from stepledger.format.spaces import LeafLayout
         envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1") for _ in range(n_envs)])
         self.obs_layout = LeafLayout(envs.single_observation_space)
         self.act_layout = LeafLayout(envs.single_action_space)
@@ -205,7 +206,7 @@ def record(path, pool, events_per_env, samples=0, on_sample=None):
     LedgerVectorEnv does under NEXT_STEP (spilling when a call says the limit is passed);
     ``on_sample(events so far)`` is called ``samples`` times along the way."""
     from stepledger import core
-    from stepledger.recording import Recording, spill_everything
+    from stepledger.recording.recording import Recording, spill_everything
     rec = Recording(path, "trainer", range(pool.n_envs), pool.obs_layout, pool.act_layout, np.float32, False,
                     {"autoreset_mode": "next_step"})
     vr = core.VectorRecorder(rec.buffers, pool.obs_layout, pool.act_layout, True)
@@ -230,7 +231,7 @@ def record(path, pool, events_per_env, samples=0, on_sample=None):
 
 def discard(rec):
     """Drop a recording without writing its final file, and delete its spill files."""
-    from stepledger.ledgerfile import spill_dir
+    from stepledger.format.ledgerfile import spill_dir
     rec.discard()
     shutil.rmtree(spill_dir(rec.path), ignore_errors=True)
 
@@ -283,7 +284,7 @@ def write_trainer(n_envs, events_per_env, pool_steps, directory, profile):
 def write_env_side(directory):
     """The 16 env files from the trainer ledger's streams, in both forms."""
     from stepledger import read
-    from stepledger.ledgerfile import Segment, write_ledger
+    from stepledger.format.ledgerfile import Segment, write_ledger
     env_dir, spec_dir = os.path.join(directory, "env"), os.path.join(directory, "spec-env")
     os.makedirs(env_dir)
     os.makedirs(spec_dir)
@@ -311,7 +312,7 @@ def compare_stepledger(directory):
 
 def compare_specification(directory):
     """np.load the savez_compressed columns, one column of each side at a time; NumPy per stream."""
-    from stepledger._schema import EVENT_COLUMN_NAMES
+    from stepledger.format.schema import EVENT_COLUMN_NAMES
     first = {}
     with np.load(os.path.join(directory, "spec-trainer.npz")) as trainer:
         ids, offsets = trainer["env_index"], trainer["offsets"]

@@ -7,15 +7,19 @@ trainer's vector env, or ``TrainerLedger`` driven by any trainer), then
 difference.
 """
 
-from .__about__ import __version__
-from .compare import Report, compare
-from .core import IMPLEMENTATION as CORE
-from .env import LedgerEnv
-from .errors import LedgerError, SettingsError, UnsupportedSpaceError
-from .live import BoundaryFault
-from .read import read
-from .trainer import TrainerLedger
-from .vector import LedgerVectorEnv
+from stepledger.__about__ import __version__
+from stepledger.report.compare import Report, compare
+from stepledger.core import IMPLEMENTATION as CORE
+from stepledger.gymnasium.env import LedgerEnv
+from stepledger.errors import LedgerError, SettingsError, UnsupportedSpaceError
+from stepledger.recording.live import BoundaryFault
+from stepledger.report.read import read
+from stepledger.recording.trainer import TrainerLedger
+from stepledger.gymnasium.vector import LedgerVectorEnv
+
+from stepledger import _moved
+
+_moved.install()  # the import paths from before the package had folders (stepledger.check, stepledger.vector, ...)
 
 __all__ = ["BoundaryFault", "CORE", "LedgerEnv", "LedgerError", "LedgerVectorEnv", "Report", "SettingsError",
            "TrainerLedger", "UnsupportedSpaceError", "__version__", "compare", "read"]

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from . import _schema as S
+from stepledger.format import schema as S
 
 cnp.import_array()
 
@@ -56,8 +56,8 @@ cdef uint8_t KIND_STEP = S.KIND_STEP
 cdef uint64_t NO_DIGEST = S.NO_DIGEST
 cdef uint8_t TOKEN_VERSION = S.TOKEN_VERSION
 # The live token's layout: compile-time constants that setup.py writes into _layout.pxi from
-# _schema.TOKEN_FIELDS (T_* where each field starts, W_* the widths, T_SIZE its size, F_* the
-# flag bits), so that the hot path reads tokens at constant offsets. A core built before _schema
+# format/schema.py's TOKEN_FIELDS (T_* where each field starts, W_* the widths, T_SIZE its size, F_* the
+# flag bits), so that the hot path reads tokens at constant offsets. A core built before the schema
 # changed refuses to load (core.py then takes the pure-Python core).
 include "_layout.pxi"
 COMPILED_LAYOUT = {"size": T_SIZE, "offsets": {"version": T_VERSION, "index": T_INDEX, "counter": T_COUNTER,

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from . import _schema as S
+from stepledger.format import schema as S
 
 IMPLEMENTATION = "python"
 

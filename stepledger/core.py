@@ -6,15 +6,15 @@ does for msgpack. Both write byte-identical ledgers.
 
 import os
 
-from ._schema import ENV_MEMORY_LIMIT, ENV_PUREPYTHON
+from stepledger.format.schema import ENV_MEMORY_LIMIT, ENV_PUREPYTHON
 
 if os.environ.get(ENV_PUREPYTHON, "") not in ("", "0"):
-    from . import _fallback as _impl
+    from stepledger import _fallback as _impl
 else:
     try:
-        from . import _core as _impl
+        from stepledger import _core as _impl
     except ImportError:
-        from . import _fallback as _impl
+        from stepledger import _fallback as _impl
 
 IMPLEMENTATION = _impl.IMPLEMENTATION
 StreamBuffer = _impl.StreamBuffer

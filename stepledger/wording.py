@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from . import _schema as S
-from . import core
-from .spaces import GraphValue, digest_signature, is_variable_description, unflatten
+from stepledger.format import schema as S
+from stepledger import core
+from stepledger.format.spaces import GraphValue, digest_signature, is_variable_description, unflatten
 
 # Wrappers that change values on purpose, by what they change: the hint that names them.
 WRAPPERS_BY_FIELD = {

@@ -29,10 +29,10 @@ def _no_recording_outlives_its_test():
     every step that finds a spill due looks at it), so that one failure would make later tests fail too
     (seen in CI: a re-run test that failed left recordings with a 2 ms interval, and a test two files on
     counted their spills as its own)."""
-    recording = sys.modules.get("stepledger.recording")
+    recording = sys.modules.get("stepledger.recording.recording")
     before = set(recording._OPEN) if recording is not None else set()
     yield
-    recording = sys.modules.get("stepledger.recording")
+    recording = sys.modules.get("stepledger.recording.recording")
     if recording is None:
         return
     import warnings
@@ -61,7 +61,8 @@ _CORE_NAMES = ("IMPLEMENTATION", "StreamBuffer", "EventRecorder", "VectorRecorde
 @pytest.fixture(params=["cython", "python"])
 def core_impl(request, monkeypatch):
     """Run a test on the compiled core, then again on the pure-Python one swapped into stepledger.core."""
-    from stepledger import _fallback, core
+    from stepledger import _fallback
+    from stepledger import core
     if request.param == "python":
         limit = core.memory_limit()
         for name in _CORE_NAMES:

@@ -30,8 +30,8 @@ import traceback
 import numpy as np
 
 import stepledger  # noqa: F401  (imported once, before any fork)
-from stepledger import _schema as S
-from stepledger.cli import main as cli_main
+from stepledger.format import schema as S
+from stepledger.cli.main import main as cli_main
 from stepledger.errors import LedgerError
 
 ADDRESS_SPACE_BACKSTOP = 1 << 30  # above this process's own address space

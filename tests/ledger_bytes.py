@@ -8,7 +8,7 @@ def same_ledger_bytes(a, b):
     import json
     import zipfile
 
-    from stepledger import _schema as S
+    from stepledger.format import schema as S
     with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
         names = [i.filename for i in za.infolist()]
         assert names == [i.filename for i in zb.infolist()]

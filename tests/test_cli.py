@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from stepledger import LedgerEnv, LedgerVectorEnv
-from stepledger import _jsonout
-from stepledger.cli import main
+from stepledger.report import jsonout as _jsonout
+from stepledger.cli.main import main
 from stepledger.faults import FaultyEnv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,11 +12,11 @@ import pytest
 
 import stepledger
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, compare
-from stepledger import _schema as S
-from stepledger.cli import main
+from stepledger.format import schema as S
+from stepledger.cli.main import main
 from stepledger.faults import FaultyEnv
-from stepledger.recording import Recording
-from stepledger.spaces import LeafLayout
+from stepledger.recording.recording import Recording
+from stepledger.format.spaces import LeafLayout
 
 BOX = gym.spaces.Box(-1, 1, (3,), np.float32)
 ACT = gym.spaces.Box(-2, 2, (1,), np.float32)

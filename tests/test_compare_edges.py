@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from gymnasium import spaces as gs
 
-from stepledger import LedgerEnv, LedgerVectorEnv, compare, core
-from stepledger import _schema as S
+from stepledger import LedgerEnv, LedgerVectorEnv, compare
+from stepledger import core
+from stepledger.format import schema as S
 
 import envs_for_tests as E
 

@@ -10,7 +10,7 @@ from gymnasium import spaces as gs
 import envs_for_tests as E
 from ledger_bytes import same_ledger_bytes
 from stepledger import _fallback as F
-from stepledger.spaces import LeafLayout
+from stepledger.format.spaces import LeafLayout
 
 C = pytest.importorskip("stepledger._core")
 

@@ -20,7 +20,7 @@ import pytest
 import ending_harness as H
 import envs_for_tests as E
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, compare, read
-from stepledger import _schema as S
+from stepledger.format import schema as S
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 120
@@ -383,7 +383,7 @@ def test_reruns_into_the_same_directory(tmp_path):
     # run 1: three envs, one of them never given an index (its trainer side could not reach it)
     _unlinked_run(d, [0, None, 2])
     import time
-    from stepledger.compare import CLOCK_SLACK
+    from stepledger.report.compare import CLOCK_SLACK
     time.sleep(CLOCK_SLACK + 0.2)  # run 1's env side had no run id: it is told apart by its times
     # run 2: two envs, indices from the link; run 1's env-2.npz and its unindexed file stay behind
     _gym_run("sync", d, 2, 7).close()

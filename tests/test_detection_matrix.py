@@ -9,7 +9,7 @@ import pytest
 
 from fault_harness import HARNESSES, N_ENVS, rollout
 from stepledger.check import is_located
-from stepledger.compare import EnvDifference
+from stepledger.report.compare import EnvDifference
 from stepledger.faults import FAULTS, reported_fields
 
 DOSES = ("one", 0.01, "all")

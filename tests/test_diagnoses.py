@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv, compare
-from stepledger.cli import main
+from stepledger.cli.main import main
 from stepledger.errors import SettingsError
 from stepledger.faults import FaultyEnv
-from stepledger.stack import outer_env_wrappers, value_changing_wrappers
+from stepledger.recording.placement import outer_env_wrappers, value_changing_wrappers
 
 INDEX_Q = "is index= each env's position in the vector env?"
 PLACE = "put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in the worker"

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepledger import _fallback
-from stepledger import _schema as S
-from stepledger.spaces import LeafLayout
+from stepledger.format import schema as S
+from stepledger.format.spaces import LeafLayout
 
 try:
     from stepledger import _core

@@ -10,9 +10,11 @@ from gymnasium import spaces as gs
 
 import envs_for_tests as E
 import stepledger
-from stepledger import LedgerEnv, LedgerError, UnsupportedSpaceError, core, read, recording
-from stepledger import _schema as S
-from stepledger.spaces import LeafLayout
+from stepledger import LedgerEnv, LedgerError, UnsupportedSpaceError, read
+from stepledger import core
+from stepledger.recording import recording
+from stepledger.format import schema as S
+from stepledger.format.spaces import LeafLayout
 
 BOX3 = gs.Box(-1e6, 1e6, shape=(3,), dtype=np.float32)
 

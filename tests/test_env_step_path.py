@@ -12,9 +12,10 @@ import pytest
 from gymnasium import spaces as gs
 
 import stepledger
-from stepledger import LedgerEnv, _fallback as F, read
-from stepledger import _schema as S
-from stepledger.spaces import LeafLayout
+from stepledger import LedgerEnv, read
+from stepledger import _fallback as F
+from stepledger.format import schema as S
+from stepledger.format.spaces import LeafLayout
 from test_core_parity import SPACES, VARIABLE, odd_values
 
 C = pytest.importorskip("stepledger._core")

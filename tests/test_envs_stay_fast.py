@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from stepledger import LedgerEnv, LedgerVectorEnv
-from stepledger.stack import own_attr
+from stepledger.recording.placement import own_attr
 
 pytestmark = pytest.mark.skipif(
     sys.implementation.name != "cpython" or sys.version_info < (3, 11),

@@ -27,13 +27,13 @@ from hypothesis import strategies as st
 
 import stepledger
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, compare, read
-from stepledger import _schema as S
+from stepledger.format import schema as S
 from stepledger import core
-from stepledger.cli import main
+from stepledger.cli.main import main
 from stepledger.episodes import (EpisodeLog, EpisodeLogTap, check_episodes, read_episode_log,
                                  recorded_episodes)
-from stepledger.recording import Recording
-from stepledger.spaces import LeafLayout
+from stepledger.recording.recording import Recording
+from stepledger.format.spaces import LeafLayout
 
 from side_venv import cached_venv, imported_version  # noqa: E402
 from trainer_envs import make_ledger_gym  # noqa: E402  (importable by worker processes)

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from gymnasium import spaces as gs
 
-from stepledger import _schema as S
-from stepledger import core, wording
+from stepledger.format import schema as S
+from stepledger import core
+from stepledger import wording
 from stepledger.episodes import EpisodeReport, check_episodes, recorded_episodes
 from stepledger.episodes import derive as D
 from stepledger.episodes import match as M
-from stepledger.episodes.logs import EpisodeLog
-from stepledger.recording import Recording
-from stepledger.spaces import LeafLayout
+from stepledger.report.episodes.logs import EpisodeLog
+from stepledger.recording.recording import Recording
+from stepledger.format.spaces import LeafLayout
 
 BOX = LeafLayout(gs.Box(-1, 1, (1,), np.float32))
 

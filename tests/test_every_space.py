@@ -10,7 +10,8 @@ import pytest
 from gymnasium import spaces as gs
 from gymnasium.spaces import GraphInstance
 
-from stepledger import LedgerEnv, LedgerVectorEnv, UnsupportedSpaceError, compare, core, read
+from stepledger import LedgerEnv, LedgerVectorEnv, UnsupportedSpaceError, compare, read
+from stepledger import core
 
 from trainer_envs import ScriptedEnv, assert_clean, assert_differs, make_ledger_env, streams
 

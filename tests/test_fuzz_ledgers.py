@@ -215,7 +215,7 @@ def npy_header(descr, shape):
 
 def write_streamed(path, members):
     """A zip of members given as (name, level, chunk iterable), streamed (for bombs and giants)."""
-    from stepledger._zipwriter import ZipWriter
+    from stepledger.format.zipwriter import ZipWriter
     with open(path + ".w", "wb") as f:
         w = ZipWriter(f)
         for name, level, chunks in members:
@@ -573,7 +573,7 @@ class Mutator:
 
     def giant(self, path, directory):
         """A consistent ledger of 6M events of zeros, deflated to a few MB: bounded memory while streamed."""
-        from stepledger import _schema as S
+        from stepledger.format import schema as S
         m = arrays(path)
         meta = H.meta_of(path)
         n_streams = len(m["env_index"])

@@ -10,8 +10,8 @@ import pytest
 
 import hostile_ledgers as H
 from stepledger import LedgerError, compare, read
-from stepledger import _schema as S
-from stepledger.cli import main
+from stepledger.format import schema as S
+from stepledger.cli.main import main
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,5 +1,6 @@
-"""Imports inside stepledger run one way: the writer never reaches the reader, the live check never
-reaches the offline comparison, and no module takes another's private names.
+"""Imports inside stepledger run one way: down the layers (LAYERS, the folders), the writer never
+reaches the reader, the live check never reaches the offline comparison, a library's folder reaches
+no other library but those it builds on, and no module takes another's private names.
 
 The graph is read from the source (every import statement, those inside functions too), so an
 import added later anywhere in a module counts.
@@ -12,8 +13,37 @@ import stepledger
 
 PACKAGE = pathlib.Path(stepledger.__file__).parent
 
-WRITER = ("stepledger.recording", "stepledger.ledgerfile", "stepledger._zipwriter")
-READER = ("stepledger.read", "stepledger.compare", "stepledger.episodes")
+WRITER = ("stepledger.recording", "stepledger.format.ledgerfile", "stepledger.format.zipwriter")
+READER = ("stepledger.report.read", "stepledger.report.compare", "stepledger.report.episodes")
+
+# The layers, bottom up: a module imports only from its own layer and those below it. A name ending in
+# "." is a folder (every module in it).
+LAYERS = (
+    ("facts", ("stepledger.__about__", "stepledger.errors", "stepledger.format.schema")),
+    ("core", ("stepledger._core", "stepledger._fallback", "stepledger.core")),
+    ("format", ("stepledger.format.",)),
+    ("wording", ("stepledger.wording",)),
+    ("recording", ("stepledger.recording.",)),
+    ("report", ("stepledger.report.",)),
+    ("faults", ("stepledger.faults.",)),
+    ("libraries", ("stepledger.libraries", "stepledger.gymnasium.", "stepledger.sb3.", "stepledger.pettingzoo.",
+                   "stepledger.rllib.")),
+    ("command line", ("stepledger.cli.",)),
+    ("the package's face", ("stepledger", "stepledger.__main__")),
+)
+# Old import paths (stepledger._moved) name modules by strings, resolved on first use: no arrow.
+OUTSIDE_THE_LAYERS = ("stepledger._moved",)
+# A library's folder imports Gymnasium's (every library's envs are Gymnasium envs) and those it builds on.
+BUILDS_ON = {"sb3": {"gymnasium"}, "pettingzoo": {"gymnasium", "sb3"}, "rllib": {"gymnasium"}}
+LIBRARY_FOLDERS = ("gymnasium", "sb3", "pettingzoo", "rllib")
+
+
+def layer_of(module):
+    for k, (_, members) in enumerate(LAYERS):
+        for m in members:
+            if module == m or (m.endswith(".") and (module + ".").startswith(m)):
+                return k
+    return None
 
 
 def _module_name(path):
@@ -65,9 +95,49 @@ def _reach(graph, start):
 
 def test_the_graph_is_read():
     graph = _graph()
-    assert "stepledger.read" in graph["stepledger.compare"]
-    assert "stepledger.wording" in graph["stepledger.live"]
-    assert "stepledger.ledgerfile" in _reach(graph, "stepledger.recording")
+    assert "stepledger.report.read" in graph["stepledger.report.compare"]
+    assert "stepledger.wording" in graph["stepledger.recording.live"]
+    assert "stepledger.format.ledgerfile" in _reach(graph, "stepledger.recording")
+
+
+def test_every_module_has_a_layer():
+    graph = _graph()
+    assert [m for m in graph if layer_of(m) is None and m not in OUTSIDE_THE_LAYERS] == []
+
+
+def test_no_arrow_points_back_up():
+    up = [(m, dep, LAYERS[layer_of(m)][0], LAYERS[layer_of(dep)][0]) for m, edges in _graph().items()
+          if m not in OUTSIDE_THE_LAYERS for dep in edges
+          if dep not in OUTSIDE_THE_LAYERS and layer_of(dep) is not None and layer_of(dep) > layer_of(m)]
+    assert up == []
+
+
+def test_a_library_reaches_only_the_libraries_it_builds_on():
+    crossing = []
+    for m, edges in _graph().items():
+        parts = m.split(".")
+        if len(parts) < 2 or parts[1] not in LIBRARY_FOLDERS:
+            continue
+        for dep in edges:
+            other = dep.split(".")[1] if dep.count(".") else None
+            if other in LIBRARY_FOLDERS and other != parts[1] and other not in BUILDS_ON.get(parts[1], ()):
+                crossing.append((m, dep))
+    assert crossing == []
+
+
+def test_the_old_import_paths_resolve_to_the_modules_that_hold_them():
+    import importlib
+
+    from stepledger import _moved
+    for old, new in _moved.MODULES.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    for module, names in _moved.NAMES.items():
+        for name, where in names.items():
+            try:
+                value = getattr(importlib.import_module(module), name)
+            except ImportError:  # the library it adapts is not installed here
+                continue
+            assert value is getattr(importlib.import_module(where), name), (module, name)
 
 
 def test_the_writer_does_not_import_the_reader():
@@ -78,9 +148,9 @@ def test_the_writer_does_not_import_the_reader():
 
 
 def test_the_live_check_does_not_depend_on_the_offline_report():
-    reached = _reach(_graph(), "stepledger.live")
-    assert "stepledger.compare" not in reached, sorted(reached)
-    assert "stepledger.read" not in reached, sorted(reached)
+    reached = _reach(_graph(), "stepledger.recording.live")
+    assert "stepledger.report.compare" not in reached, sorted(reached)
+    assert "stepledger.report.read" not in reached, sorted(reached)
 
 
 def test_no_module_takes_another_modules_private_names():

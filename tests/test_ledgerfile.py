@@ -11,8 +11,8 @@ import pytest
 import envs_for_tests as E
 import stepledger
 from stepledger import LedgerError, read
-from stepledger import _schema as S
-from stepledger.ledgerfile import LedgerFile
+from stepledger.format import schema as S
+from stepledger.format.ledgerfile import LedgerFile
 
 
 def record(directory, index=0, episodes=3, length=3, last=1, keep_values=False, reward_dtype=np.float32):

@@ -11,10 +11,10 @@ import pytest
 
 from fault_harness import HARNESSES, rollout
 from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv
-from stepledger import _schema as S
-from stepledger._schema import TOKEN_KEY
+from stepledger.format import schema as S
+from stepledger.format.schema import TOKEN_KEY
 from stepledger.faults import FAULTS, FaultyEnv, reported_fields
-from stepledger.live import unpack_token
+from stepledger.recording.live import unpack_token
 
 DOSES = ("one", 0.01, "all")
 

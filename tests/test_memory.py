@@ -10,11 +10,11 @@ import psutil
 import pytest
 from gymnasium import spaces as gs
 
-from stepledger import _schema as S
+from stepledger.format import schema as S
 from stepledger import core
-from stepledger.ledgerfile import LedgerFile
-from stepledger.recording import Recording, spill_everything
-from stepledger.spaces import LeafLayout
+from stepledger.format.ledgerfile import LedgerFile
+from stepledger.recording.recording import Recording, spill_everything
+from stepledger.format.spaces import LeafLayout
 
 N = 20_000_000
 SAMPLE_AT = 5_000_000

@@ -169,7 +169,7 @@ def test_engine_agent_faults_replace_the_whole_event():
 # ---------------------------------------------------------------- stepledger check on a parallel env
 
 def _check(capsys, *args):
-    from stepledger.cli import main
+    from stepledger.cli.main import main
     code = main(["check", "mpe2.simple_spread_v3", "--trainer", "supersuit", "--num-envs", "2"] + list(args))
     out, err = capsys.readouterr()
     return code, out, err
@@ -210,7 +210,7 @@ def test_check_a_parallel_env_under_sb3_form_lists_what_it_cannot_show(capsys):
     (["mpe2.simple_spread_v3", "--num-cpus", "-1"], "num_cpus must be an int of at least 0, got -1"),
 ])
 def test_check_a_parallel_env_refuses_bad_input_in_one_line(capsys, args, message):
-    from stepledger.cli import main
+    from stepledger.cli.main import main
     code = main(["check"] + args[:1] + ["--trainer", "supersuit"] + args[1:])
     out, err = capsys.readouterr()
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -18,7 +18,7 @@ import pytest
 
 import envs_for_tests as E
 from stepledger import LedgerEnv, LedgerVectorEnv, compare, read
-from stepledger.ledgerfile import _parse_npy_header
+from stepledger.format.ledgerfile import _parse_npy_header
 
 ARRAYS = [np.zeros(()), np.zeros(5, np.uint8), np.zeros((3, 4), np.float32), np.zeros((0,), np.int64),
           np.zeros((2, 0, 3), "<U7"), np.zeros(3, ">f8"), np.zeros(2, bool), np.zeros((1,), "V8"),

@@ -24,7 +24,11 @@ pytest.importorskip("s3fs")
 import s3server  # noqa: E402
 from envs_for_tests import record_cartpole_run  # noqa: E402
 
-from stepledger import LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, core, processes, read, storage, uploader  # noqa: E402
+from stepledger import LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, read
+from stepledger import core
+from stepledger.format import processes
+from stepledger.format import storage
+from stepledger.format import remote as uploader  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,8 @@ simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
 
 from parallel_envs import LeavingEnv, TwoLeaveApart  # noqa: E402
-from stepledger import LedgerError, _schema as S, compare, read  # noqa: E402
+from stepledger import LedgerError, compare, read
+from stepledger.format import schema as S  # noqa: E402
 from stepledger.pettingzoo import LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
 

@@ -15,9 +15,10 @@ from gymnasium import spaces  # noqa: E402
 from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
 
 from parallel_envs import TogetherEnv  # noqa: E402
-from stepledger import TrainerLedger, _schema as S, compare  # noqa: E402
+from stepledger import TrainerLedger, compare
+from stepledger.format import schema as S  # noqa: E402
 from stepledger.errors import SettingsError  # noqa: E402
-from stepledger.live import BoundaryFault  # noqa: E402
+from stepledger.recording.live import BoundaryFault  # noqa: E402
 from stepledger.pettingzoo import (LedgerParallelEnv, LedgerSuperSuitVecEnv, index_supersuit_copies,  # noqa: E402
                                    slot_map)
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
@@ -97,7 +98,7 @@ def test_clean_live_run_across_episode_ends(tmp_path, form):
 
 def test_both_tokens_arrive_at_an_autoreset(tmp_path):
     """keep_tokens=True: the ending step's info carries the step's token and the reset's, each its own event."""
-    from stepledger.live import unpack_token
+    from stepledger.recording.live import unpack_token
     d = str(tmp_path)
     venv = gymnasium_form(d, LedgerParallelEnv(TogetherEnv(), d, live=True), copies=1, keep_tokens=True)
     _, infos = venv.reset(seed=0)

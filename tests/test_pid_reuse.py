@@ -17,8 +17,8 @@ import pytest
 
 import hostile_ledgers as H
 from stepledger import LedgerEnv, compare
-from stepledger import _schema as S
-from stepledger.read import leftovers
+from stepledger.format import schema as S
+from stepledger.report.read import leftovers
 
 import envs_for_tests as E
 

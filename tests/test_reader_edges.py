@@ -12,9 +12,9 @@ import pytest
 import envs_for_tests as E
 from hostile_ledgers import members, npy_bytes, record_pair, write_members
 from stepledger import LedgerEnv, LedgerError, compare, read
-from stepledger import _schema as S
-from stepledger.ledgerfile import Segment, write_ledger
-from stepledger.read import leftovers
+from stepledger.format import schema as S
+from stepledger.format.ledgerfile import Segment, write_ledger
+from stepledger.report.read import leftovers
 
 
 def _count_env(directory, keep_values=False):

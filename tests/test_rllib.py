@@ -22,7 +22,7 @@ pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/
                                         "tests in a venv of their own")
 
 import stepledger.rllib  # noqa: E402
-from stepledger import _schema as S  # noqa: E402
+from stepledger.format import schema as S  # noqa: E402
 from stepledger import compare, read  # noqa: E402
 from stepledger.check import is_located  # noqa: E402
 from stepledger.faults import read_record  # noqa: E402
@@ -302,7 +302,7 @@ def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_t
         assert report.ok, str(report)
         assert sorted(report.envs) == [0, 1, 2, 3]
         assert report.partial == {"env": False, "trainer": False}, str(report)  # the final files, not segments
-        from stepledger.cli import main
+        from stepledger.cli.main import main
         assert main(["compare", url, url + "/trainer.npz"]) == 0
     finally:
         server.close()

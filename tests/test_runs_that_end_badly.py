@@ -20,7 +20,7 @@ import pytest
 
 import ending_harness as H
 
-from stepledger import _schema as S
+from stepledger.format import schema as S
 from stepledger import compare, read
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -179,7 +179,7 @@ import numpy as np  # noqa: E402
 
 import envs_for_tests as E  # noqa: E402
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv  # noqa: E402
-from stepledger.read import leftovers  # noqa: E402
+from stepledger.report.read import leftovers  # noqa: E402
 
 READER = sys.modules["stepledger.read"]  # the module (stepledger.read is also the name of its function)
 
@@ -470,7 +470,7 @@ def test_read_only_directory_fails_at_construction(small_disk):
 
 
 def test_full_disk_warns_once_backs_off_and_loses_nothing(small_disk):
-    from stepledger.recording import _RETRY, Recording
+    from stepledger.recording.recording import _RETRY, Recording
     env = count_env(0, small_disk, interval=0.01)
     attempts, retries = [], []  # writes tried on the step path, and by the idle spiller
     original, original_copies = Recording.spill, Recording._spill_copies
@@ -549,7 +549,7 @@ def test_leftovers_are_listed_then_removed_by_the_next_writer(tmp_path):
 
 import math  # noqa: E402
 
-from stepledger.recording import Recording  # noqa: E402
+from stepledger.recording.recording import Recording  # noqa: E402
 
 
 class OddShapeEnv(E.CountEnv):
@@ -659,7 +659,7 @@ def test_a_merge_that_fails_after_its_segment_is_written_loses_and_repeats_nothi
     """A spill writes its segment, then merges the last segments; when the merge fails (here: a segment
     that cannot be read back, as a race in numpy's header parser once made happen in CI), the segment
     already holds its events. The retry must not write them again, and nothing may be lost."""
-    from stepledger import recording
+    from stepledger.recording import recording
     failing = {"on": False, "merges": 0}
     original = recording.segment_from_file
 
@@ -1005,7 +1005,7 @@ def test_a_damaged_segment_of_a_ledger_with_no_final_file_is_refused_at_once(tmp
         assert "keeps changing" not in str(info.value) and os.path.basename(seg) in str(info.value)
         assert time.monotonic() - started < 5  # not the 10 s a changing ledger is given
     finally:  # the close would merge the damaged segment: left unwritten
-        from stepledger import recording
+        from stepledger.recording import recording
         for rec in list(recording._OPEN.values()):
             if rec.path.startswith(d):
                 rec.discard()

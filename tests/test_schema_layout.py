@@ -15,10 +15,10 @@ import pytest
 from gymnasium import spaces as gs
 
 from stepledger import _fallback as F
-from stepledger import _schema as S
+from stepledger.format import schema as S
 from stepledger import LedgerEnv
-from stepledger._zipwriter import DEFLATE
-from stepledger.spaces import LeafLayout
+from stepledger.format.zipwriter import DEFLATE
+from stepledger.format.spaces import LeafLayout
 
 C = pytest.importorskip("stepledger._core")
 CORES = pytest.mark.parametrize("core", [C, F], ids=["cython", "python"])

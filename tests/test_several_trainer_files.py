@@ -19,10 +19,10 @@ import pytest
 
 import ending_harness as H
 from stepledger import LedgerError, compare
-from stepledger import _schema as S
-from stepledger.compare import CLOCK_SLACK
-from stepledger.recording import Recording
-from stepledger.spaces import LeafLayout
+from stepledger.format import schema as S
+from stepledger.report.compare import CLOCK_SLACK
+from stepledger.recording.recording import Recording
+from stepledger.format.spaces import LeafLayout
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
@@ -324,7 +324,7 @@ def test_globs_and_directories_at_a_url(bucket, tmp_path):
         lost = LedgerEnv(E.CountEnv(), url + "/lazy")
         lost.reset(seed=0)
     lost.close()
-    from stepledger import storage
+    from stepledger.format import storage
     names = storage.listdir(url + "/lazy")
     assert "env-6.npz" in names and any(n.startswith(S.UNINDEXED_PREFIX) for n in names), names
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from stepledger import _schema as S
+from stepledger.format import schema as S
 from stepledger import read
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -102,7 +102,7 @@ def test_a_ctrl_c_between_writing_a_segment_and_letting_go_of_its_events_waits_f
 
 
 def test_a_ctrl_c_inside_a_write_is_raised_after_it_and_only_in_the_main_thread():
-    from stepledger import recording
+    from stepledger.recording import recording
     with pytest.raises(KeyboardInterrupt):
         with recording._writing():
             os.kill(os.getpid(), signal.SIGINT)

@@ -16,7 +16,7 @@ import pytest
 
 import ending_harness as H
 
-from stepledger import _schema as S
+from stepledger.format import schema as S
 from stepledger import compare, read
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -27,7 +27,8 @@ import pytest
 
 import envs_for_tests as E
 from stepledger import LedgerEnv, LedgerVectorEnv, read
-from stepledger import core, recording
+from stepledger import core
+from stepledger.recording import recording
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 N_ENVS = 3

@@ -18,7 +18,9 @@ from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 from side_venv import hiding  # noqa: E402
 
-from stepledger import LedgerEnv, LedgerVectorEnv, compare, core, read, storage  # noqa: E402
+from stepledger import LedgerEnv, LedgerVectorEnv, compare, read
+from stepledger import core
+from stepledger.format import storage  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 from stepledger.faults import FaultyEnv  # noqa: E402
 

@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import stepledger
 from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv, read
-from stepledger import _schema as S
+from stepledger.format import schema as S
 
 from trainer_envs import assert_clean, factories, make_space
 
@@ -272,7 +272,7 @@ class TokenOfVersion(gym.vector.VectorWrapper):
 
 @pytest.mark.parametrize("version", [S.TOKEN_VERSION + 1, 0, 255])
 def test_a_token_of_another_version_is_not_read_as_one(core_impl, version):
-    from stepledger.live import unpack_token
+    from stepledger.recording.live import unpack_token
     envs = LedgerVectorEnv(TokenOfVersion(SyncVectorEnv([functools.partial(_pendulum, i) for i in range(2)]),
                                           version, at=3), None, live=True, on_fault="record")
     envs.reset(seed=0)

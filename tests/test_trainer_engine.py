@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import envs_for_tests as E
-from stepledger import LedgerEnv, TrainerLedger, compare, core, read
+from stepledger import LedgerEnv, TrainerLedger, compare, read
+from stepledger import core
 
 BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 

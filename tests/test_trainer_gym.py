@@ -17,7 +17,8 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import stepledger
-from stepledger import LedgerVectorEnv, core, read
+from stepledger import LedgerVectorEnv, read
+from stepledger import core
 
 from trainer_envs import (ACTION_NAMES, SPACE_NAMES, VECTOR_KINDS, DropFinalObs, ScriptedEnv, assert_clean,
                           assert_differs, event_at, factories, make_scalar_obs_env, make_vector, run_gym, streams)

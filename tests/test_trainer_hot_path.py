@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from ledger_bytes import same_ledger_bytes
 from stepledger import LedgerVectorEnv, TrainerLedger
 from stepledger import _fallback as F
-from stepledger.spaces import LeafLayout
+from stepledger.format.spaces import LeafLayout
 
 C = pytest.importorskip("stepledger._core")
 

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import stepledger
-from stepledger import _fallback, core
+from stepledger import _fallback
+from stepledger import core
 
 from trainer_envs import (ACTION_NAMES, SB3_ACTION_NAMES, SB3_SPACE_NAMES, SPACE_NAMES, assert_clean, run_gym,
                           run_sb3, streams)

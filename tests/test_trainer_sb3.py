@@ -10,7 +10,8 @@ pytest.importorskip("stable_baselines3")
 
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper, VecNormalize  # noqa: E402
 
-from stepledger import core, read  # noqa: E402
+from stepledger import read
+from stepledger import core  # noqa: E402
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
 
 from side_venv import hiding  # noqa: E402

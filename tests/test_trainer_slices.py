@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from stepledger import LedgerEnv, LedgerError, TrainerLedger, compare
-from stepledger import _schema as S
-from stepledger.recording import Recording
-from stepledger.spaces import LeafLayout
+from stepledger.format import schema as S
+from stepledger.recording.recording import Recording
+from stepledger.format.spaces import LeafLayout
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
@@ -121,7 +121,7 @@ def test_slices_of_one_env_in_two_learners_files_stitch_and_compare_clean(tmp_pa
     assert report.trainer_files == ["trainer-learner-0.npz", "trainer-learner-1.npz"]
     # a glob or the directory finds them too; the cli says so
     assert compare(d, os.path.join(d, "trainer-learner-*.npz")).ok and compare(d, d).ok
-    from stepledger.cli import main
+    from stepledger.cli.main import main
     assert main(["compare", d, d]) == 0
 
 
@@ -158,7 +158,7 @@ def test_an_overlap_between_slices_is_named_and_found_at_its_event(tmp_path):
     out = diff.to_dict()
     assert (out["type"], out["event"], out["episode"], out["step"], out["events"], out["files"]) == \
         ("overlap", b, 2, 0, [b, b + 7], ["trainer-learner-1.npz", "trainer-learner-0.npz"]), out
-    from stepledger.cli import main
+    from stepledger.cli.main import main
     assert main(["compare", d] + files) == 1
 
 

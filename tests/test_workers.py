@@ -17,9 +17,9 @@ from gymnasium.vector import AsyncVectorEnv
 
 import envs_for_tests as E
 from stepledger import LedgerError, read
-from stepledger import _schema as S
-from stepledger.ledgerfile import LedgerFile
-from stepledger.spaces import LeafLayout
+from stepledger.format import schema as S
+from stepledger.format.ledgerfile import LedgerFile
+from stepledger.format.spaces import LeafLayout
 
 METHODS = [m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()]
 BOX3 = gs.Box(-1e6, 1e6, shape=(3,), dtype=np.float32)
@@ -176,7 +176,8 @@ def record_forever(directory, memory_limit, started):
 def close_big_ledger(directory, started, closed):
     """A worker that flushes a small ledger, records many more events in memory, then
     is killed while it writes the final file (or once it has written it: ``closed``)."""
-    from stepledger import LedgerEnv, core
+    from stepledger import LedgerEnv
+    from stepledger import core
     core.set_memory_limit(1 << 30)
     # no spill but by memory (none here): however long the appends take, the idle spiller writes no segment
     env = LedgerEnv(E.CountEnv(length=5), directory, index=0, flush_interval=math.inf)

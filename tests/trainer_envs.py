@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium import spaces as gs
 
 from stepledger import LedgerEnv, read
-from stepledger import _schema as S
+from stepledger.format import schema as S
 
 # ---------------------------------------------------------------- spaces
 
@@ -199,7 +199,7 @@ class DropFinalObs(gym.vector.VectorWrapper):
 
 def _compare_module():
     try:
-        from stepledger.compare import compare
+        from stepledger.report.compare import compare
     except ImportError:
         return None
     return compare

@@ -1,0 +1,362 @@
+"""The ``stepledger`` command (also ``python -m stepledger``).
+
+Exit codes: 0 no difference, 1 a difference, 2 cannot compare (or bad usage).
+With ``--json`` stdout always holds one JSON object, also on exit 2
+(``{"ok": false, "error": "..."}``). Progress goes to stderr, and only when
+stderr is a terminal.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+from stepledger.report import jsonout as _jsonout
+from stepledger.format import schema as S
+from stepledger import wording
+from stepledger.__about__ import __version__
+from stepledger.errors import LedgerError
+from stepledger.cli.progress import Progress
+
+EXIT_OK, EXIT_DIFFER, EXIT_CANNOT = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
+
+_JSON_ERRORS = [False]  # set when the command line asks for --json, so that usage errors print JSON too
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors exit 2 with one line (argparse adds the usage too)
+        if _JSON_ERRORS[0]:
+            print(_jsonout.dumps({"ok": False, "error": "%s: %s" % (self.prog, message)}))
+        self.exit(EXIT_CANNOT, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' line breaks and adds each option's default to its help (flags and
+    options without a default say what they default to in their own words)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text \
+                and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+from stepledger.libraries import positive_int as _positive_int  # noqa: E402
+
+
+def _progress(label):
+    return Progress("stepledger %s:" % label)
+
+
+def _report(args, command, check):
+    """Run ``check(progress)`` for ``stepledger COMMAND``, print its report (text or JSON), write --junit."""
+    progress = _progress("%s, envs" % command)
+    try:
+        report = check(progress)
+    finally:
+        progress.done()
+    if args.junit:
+        from stepledger.report.junit import write_junit
+        write_junit(args.junit, report, "stepledger %s" % command)
+    print(report.to_json() if args.json else str(report))
+    return EXIT_OK if report.ok else EXIT_DIFFER
+
+
+def _compare(args):
+    from stepledger.report.compare import compare
+    trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
+    return _report(args, "compare", lambda progress: compare(args.env_dir, trainers, count_all=args.all,
+                                                             progress=progress))
+
+
+def _show(args):
+    import numpy as np
+
+    from stepledger.report.read import leftovers as leftover_files
+    from stepledger.report.read import read
+    with read(args.path) as ledger:
+        streams = []
+        for idx, stream in ledger.streams.items():
+            n_events = n_resets = 0
+            for chunk in stream.chunks(names=("kind",)):
+                n_events += len(chunk["kind"])
+                n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
+            streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
+        leftovers = _leftover_stages(ledger.path)
+        left = leftover_files(args.path)
+        if args.json:
+            print(_jsonout.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
+                                  "streams": streams, "leftover_stages": leftovers[0],
+                                  "unindexed": [{"name": n, "events": k, "position": m.get(S.META_POSITION)}
+                                                for n, m, k, _ in getattr(ledger, "unindexed", [])],
+                                  "leftovers": [{"name": n, "why": w} for n, w in left]}))
+            return EXIT_OK
+        print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
+                                 if ledger.partial else ""))
+        for key in sorted(ledger.meta):
+            print("  %s: %s" % (key, json.dumps(_jsonout.plain(ledger.meta[key]), sort_keys=True)))
+        print("  %d streams, %d events" % (len(streams), sum(s["events"] for s in streams)))
+        for s in streams:
+            print("  env %d: %d events, %d episodes started, %d steps" % (s["env"], s["events"], s["episodes"], s["steps"]))
+        for line in leftovers[1]:
+            print(line)
+        for name, why in left:
+            print("  not a ledger: %s (%s)" % (name, why))
+        for name, why in getattr(ledger, "skipped", []):
+            print("  not read: %s %s" % (name, why))
+        for name, meta, events, _ in getattr(ledger, "unindexed", []):
+            print("  not read: %s" % wording.unindexed_note(name, events, meta.get(S.META_POSITION)))
+    return EXIT_OK
+
+
+def _leftover_stages(path):
+    """Stage directories of dead processes in TMPDIR (ledgers at URLs are staged there), for ``show``."""
+    from stepledger.format import storage
+    if not storage.is_remote(path):
+        return [], []
+    from stepledger.format.remote import describe_leftovers, leftover_stages
+    return leftover_stages(), describe_leftovers()
+
+
+def _command(sub, name, func, summary, description, examples, footer=None):
+    """A subcommand: its one-line summary, its description, and an epilog of examples (and a footer, such
+    as its exit codes); options show their defaults."""
+    description = " ".join(description.split())  # a paragraph, written over several lines
+    epilog = "example:\n" + "\n".join("  " + e for e in examples) + ("\n\n" + footer if footer else "")
+    p = sub.add_parser(name, help=summary, formatter_class=_Formatter, description=description, epilog=epilog)
+    p.set_defaults(func=func)
+    return p
+
+
+def _push(args):
+    from stepledger.format.remote import push
+    n = push(args.local, args.url, remove=not args.keep)
+    print("published %d file%s to %s%s" % (n, "" if n == 1 else "s", args.url,
+                                           "" if args.keep else "; the local copies are removed"))
+    return EXIT_OK
+
+
+def _add_push(sub):
+    p = _command(sub, "push", _push, "publish ledgers kept on local disk (storage failed) to their URL",
+                 description="""Upload a ledger file, or a directory of them (env-N.npz, trainer.npz and their spill
+                              segments), to storage: what a run kept on local disk when its storage failed. The line
+                              that said where a ledger was kept gives the command.""",
+                 examples=["stepledger push ~/.local/share/stepledger/unpublished/s3/bucket/run-1 s3://bucket/run-1"])
+    p.add_argument("local", help="a ledger file or a directory of ledger files")
+    p.add_argument("url", help="where it belongs: the ledger's URL, or the directory's")
+    p.add_argument("--keep", action="store_true", help="keep the local copies (default: remove each once stored)")
+
+
+def build_parser():
+    from stepledger import core
+    p = _Parser(prog="stepledger", description="Find silent faults at the environment-trainer boundary.")
+    p.add_argument("--version", action="version", version="stepledger %s (core: %s)" % (__version__, core.IMPLEMENTATION))
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    c = _command(sub, "compare", _compare, "compare the env-side ledgers with the trainer ledger",
+                 description="""Compare the env-side ledgers (ENV_DIR/env-N.npz) with the trainer ledger and print,
+                              per env, the first event where they differ. A run with several learners or trainer
+                              processes gives several trainer files (or a quoted glob, or a directory of them): each
+                              env must be in exactly one.""",
+                 examples=["stepledger compare ledger ledger/trainer.npz",
+                           "stepledger compare ledger ledger/trainer.npz --json --junit report.xml",
+                           "stepledger compare ledger 'ledger/trainer-*.npz'",
+                           "stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)"],
+                 footer="exit codes: 0 no difference, 1 a difference, 2 cannot compare\n"
+                        "how to read the report: stepledger docs report")
+    c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
+    c.add_argument("trainer_file", nargs="+", metavar="TRAINER_FILE",
+                   help="the file LedgerVectorEnv, LedgerVecEnv or TrainerLedger wrote; or several, a glob of them "
+                        "(quoted, so that a learner killed before its final file is found by its segments), or a "
+                        "directory holding them")
+    c.add_argument("--json", action="store_true",
+                   help="print the report as JSON (its keys: stepledger docs report)")
+    c.add_argument("--all", action="store_true",
+                   help="also count, per env and field, the events that differ after the first, and say where "
+                        "they fall")
+    c.add_argument("--junit", metavar="FILE",
+                   help="also write a JUnit XML report to FILE, one test case per env")
+
+    s = _command(sub, "show", _show, "describe a ledger file or an env directory",
+                 description="Print a ledger's meta, its streams and their event and episode counts.",
+                 examples=["stepledger show ledger/trainer.npz", "stepledger show ledger"])
+    s.add_argument("path", help="a ledger file or an env directory")
+    s.add_argument("--json", action="store_true", help="print as JSON")
+
+    d = _command(sub, "docs", _docs, "print one of the documentation pages shipped with stepledger",
+                 description="Print a documentation page. Without a page, list the pages.",
+                 examples=["stepledger docs", "stepledger docs report"])
+    d.add_argument("page", nargs="?", help="a page name, such as report, format or live")
+
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return p
+
+
+def _docs(args):
+    from stepledger.cli.docs import page_names, page_text
+    if not args.page:
+        print("stepledger docs PAGE, where PAGE is one of: %s" % ", ".join(page_names()))
+        return EXIT_OK
+    sys.stdout.write(page_text(args.page))
+    return EXIT_OK
+
+
+def _demo(args):
+    from stepledger.cli.demo import run
+    made = args.dir is None
+    report, directory = run(fault=not args.clean, directory=args.dir)
+    print(report)
+    if made and not args.keep:
+        shutil.rmtree(directory, ignore_errors=True)
+        print("(the ledgers were in a temporary directory, now removed; --keep or --dir DIR keeps them)")
+    else:
+        print("ledgers in %s (compare them again: stepledger compare %s %s)"
+              % (directory, directory, os.path.join(directory, "trainer.npz")))
+    return EXIT_OK if report.ok == args.clean else EXIT_DIFFER
+
+
+def _check(args):
+    from stepledger import libraries
+    lib = libraries.by_trainer(args.trainer)
+    lib.require("--trainer %s" % args.trainer)
+    run = lib.function(lib.check)
+    progress = _progress("check, runs")
+    try:
+        report = run(args, progress)
+    finally:
+        progress.done()
+    if args.junit:
+        from stepledger.report.junit import write_junit
+        write_junit(args.junit, report, "stepledger check")
+    print(report)
+    return EXIT_OK if report.ok else EXIT_DIFFER
+
+
+def _add_demo(sub):
+    d = _command(sub, "demo", _demo, "run a short AsyncVectorEnv with faults injected and print the report",
+                 description="""Run 8 Pendulum-v1 envs in an AsyncVectorEnv for 100 steps, with three of them changing
+                              one value on the way to the trainer, and compare the two ledgers.""",
+                 examples=["stepledger demo", "stepledger demo --clean"])
+    d.add_argument("--clean", action="store_true", help="inject no fault: the report must be clean")
+    d.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed at the end)")
+    d.add_argument("--keep", action="store_true", help="keep the temporary directory and print where it is")
+
+
+def _add_check(sub):
+    c = _command(sub, "check", _check, "prove that the ledgers catch every boundary fault on a registered env",
+                 description="""Run a short random rollout of ENV_ID through the chosen vector env with both ledgers,
+                              then once per fault with the fault injected in the workers, and report whether each
+                              was caught and located.""",
+                 examples=["stepledger check Pendulum-v1 --vector async --autoreset same",
+                           "stepledger check CartPole-v1 --vector subproc",
+                           "stepledger check CartPole-v1 --trainer rllib --num-envs 2",
+                           "stepledger check mpe2.simple_spread_v3 --trainer supersuit --num-cpus 2"],
+                 footer="exit codes: 0 every exercised fault caught and located, 1 not (or the rollout is too "
+                        "short for some fault), 2 cannot run\n"
+                        "the faults: stepledger docs faults")
+    c.add_argument("env_id", help="a registered Gymnasium env id (with --trainer supersuit: a PettingZoo env module, "
+                                  "such as mpe2.simple_spread_v3, whose parallel_env() makes the env)")
+    from stepledger import libraries
+    every = libraries.every()
+    c.add_argument("--vector", choices=libraries.vector_kinds(), default="sync",
+                   help="the vector env: Gymnasium's sync or async, SB3's subproc or dummy (needs the [sb3] extra)")
+    c.add_argument("--autoreset", choices=("next", "same"), default="next",
+                   help="autoreset mode of Gymnasium's vector envs")
+    c.add_argument("--trainer", choices=[lib.trainer for lib in every if lib.trainer], default="vector",
+                   help="vector: the vector env chosen by --vector, stepped with random actions; rllib: short "
+                        "Ray RLlib PPO runs on --runners env runners of --num-envs envs each (needs the [rllib] "
+                        "extra); supersuit: a PettingZoo parallel env through SuperSuit's vector env of --form, "
+                        "--num-envs copies, random actions, each fault on one agent (needs the [pettingzoo] extra)")
+    for lib in every:
+        for flag, options in lib.options:
+            c.add_argument(flag, **options)
+    c.add_argument("--num-envs", type=_positive_int, default=4, help="envs in the vector env (per env runner with "
+                                                                     "--trainer rllib; env copies with --trainer "
+                                                                     "supersuit)")
+    c.add_argument("--steps", type=_positive_int, default=200, help="vector steps per run")
+    c.add_argument("--max-episode-steps", type=_positive_int, default=20,
+                   help="time limit, so that episode-end faults have opportunities (with --trainer supersuit: the "
+                        "env's max_cycles, where its parallel_env() takes one)")
+    c.add_argument("--faults", help="comma-separated faults (default: every env-side fault; with --trainer "
+                                    "supersuit, every multi-agent fault the form can show)")
+    c.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed when the "
+                                 "check passes)")
+    c.add_argument("--keep", action="store_true", help="keep the temporary directory even when the check passes")
+    c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per fault")
+
+
+def _episodes(args):
+    from stepledger.report.episodes import check_episodes
+    return _report(args, "episodes", lambda progress: check_episodes(
+        args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol, atol=args.atol, progress=progress))
+
+
+def _add_episodes(sub):
+    e = _command(sub, "episodes", _episodes, "check the trainer's episode log against the episodes the envs recorded",
+                 description="""Derive each env's episode returns and lengths from the env-side ledgers
+                              (ENV_DIR/env-N.npz) and check the trainer's episode log against them: SB3's
+                              monitor.csv (VecMonitor or Monitor), the .npz EpisodeLogTap writes, or a CSV with
+                              columns env, r, l. More: stepledger docs episodes.""",
+                 examples=["stepledger episodes ledger ledger/episodes.npz",
+                           "stepledger episodes ledger logs/monitor.csv"],
+                 footer="exit codes: 0 the log agrees, 1 it differs, 2 cannot check")
+    e.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
+    e.add_argument("log", help="monitor.csv, a directory of N.monitor.csv, or EpisodeLogTap's .npz")
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per env")
+    e.add_argument("--env", type=int, help="the env index of a log that names none (a single Monitor's file)")
+    e.add_argument("--match", choices=("auto", "env", "order", "multiset"), default="auto",
+                   help="how to pair logged and recorded episodes (auto: per env if the log knows the env, "
+                        "else in completion order if derivable, else as a multiset)")
+    e.add_argument("--rtol", type=float, default=1e-5,
+                   help="return tolerance relative to the episode's sum of |reward|")
+    e.add_argument("--atol", type=float, default=1e-5, help="absolute return tolerance per episode")
+
+
+_EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes, _add_push]
+
+
+def _cannot(args, message):
+    """Exit 2: one line on stderr, and with --json an error object on stdout."""
+    message = " ".join(str(message).split())
+    if getattr(args, "json", False):
+        print(_jsonout.dumps({"ok": False, "error": message}))
+    print("stepledger: %s" % message, file=sys.stderr)
+    return EXIT_CANNOT
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _JSON_ERRORS[0] = "--json" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_CANNOT
+        try:
+            return args.func(args)
+        except (LedgerError, ValueError, ImportError, OSError) as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            return _cannot(args, exc)
+        except KeyboardInterrupt:
+            return 130
+    except BrokenPipeError:
+        # the reader went away (``stepledger show ... | head``): end quietly, as a shell tool does
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+    finally:
+        _JSON_ERRORS[0] = False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

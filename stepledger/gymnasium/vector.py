@@ -1,0 +1,305 @@
+"""The trainer side for Gymnasium: ``LedgerVectorEnv``, innermost around the vector env."""
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+
+from stepledger.format.schema import LINK_ATTR, SETTINGS_KEY
+from stepledger.recording.batches import row as _row
+from stepledger.recording.recording import attend
+from stepledger.recording.placement import warn_inner_wrappers
+from stepledger.recording.trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
+
+__all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "final_obs_at", "link_envs", "resolve_autoreset_mode"]
+
+
+def final_obs_at(info, i):
+    """Env i's final observation under same-step autoreset, or None where it is absent.
+
+    ``info["final_obs"][i]`` where the mask ``_final_obs`` says so; also when a
+    vector env without Gymnasium's info merging split a Dict observation into
+    a dict of arrays (with ``_key`` masks). Never raises.
+    """
+    final = info.get("final_obs") if isinstance(info, dict) else None
+    if final is None:
+        return None
+    try:
+        mask = info.get("_final_obs")
+        if mask is not None and not mask[i]:
+            return None
+        return _row(final, i)
+    except Exception:
+        return None
+
+
+
+
+def resolve_autoreset_mode(env, autoreset_mode, owner):
+    """The vector env's autoreset mode; refuses DISABLED and refuses to guess."""
+    if autoreset_mode is not None:
+        mode = autoreset_mode_name(autoreset_mode)
+        if mode is None:
+            raise ValueError("%s: autoreset_mode must be 'next_step' or 'same_step' (or an AutoresetMode), "
+                             "got %r" % (owner, autoreset_mode))
+    else:
+        metadata = getattr(env, "metadata", None) or {}
+        declared = metadata.get("autoreset_mode")
+        # Gymnasium's own vector envs, directly or behind wrappers that pass their
+        # metadata through. Gymnasium 1.1 to 1.3 write the mode into the sub-env's
+        # metadata dict, often a class attribute shared with every other vector env
+        # of that env class, so the last one built wins there: their own
+        # autoreset_mode attribute is what they do.
+        base = getattr(env, "unwrapped", env)
+        gymnasium_own = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
+        own = isinstance(base, gymnasium_own) and (base is env or metadata is getattr(base, "metadata", None))
+        if own and (declared is not None or type(base) in gymnasium_own) \
+                and getattr(base, "autoreset_mode", None) is not None:
+            declared = base.autoreset_mode
+        if declared is not None:
+            mode = autoreset_mode_name(declared)
+            if mode is None:
+                raise ValueError("%s: the vector env declares an unknown autoreset_mode %r; "
+                                 "pass autoreset_mode= explicitly" % (owner, declared))
+        elif own and type(base) in gymnasium_own:
+            mode = NEXT_STEP  # Gymnasium 1.0's own vector envs: always the next step
+        else:
+            raise ValueError("%s: cannot tell how %s resets its envs (no metadata['autoreset_mode']); pass "
+                             "autoreset_mode='next_step' or 'same_step' to say so" % (owner, type(env).__name__))
+    if mode == DISABLED:
+        raise ValueError("%s: autoreset mode DISABLED is not supported: the trainer resets envs itself with "
+                         "reset_mask, and a ledger cannot tell which envs it meant to reset from the step's "
+                         "results; use NEXT_STEP or SAME_STEP" % owner)
+    return mode
+
+
+def link_envs(env, side):
+    """Tell each env-side ledger of a Gymnasium vector env the run and its position in it.
+
+    Through ``set_attr``, which reaches a ``LedgerEnv`` anywhere in each env's
+    wrapper stack (``set_wrapper_attr``) and sets a harmless attribute on an env
+    without one. Only Gymnasium's own vector envs, whose set_attr is known; a
+    bridge that has none leaves compare to tell runs apart by their times.
+    """
+    if side.run is None or type(env) not in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
+        return
+    try:
+        env.set_attr(LINK_ATTR, side.links())
+    except Exception:
+        pass
+
+
+class LedgerVectorEnv(gym.vector.VectorWrapper):
+    """Records what the trainer sent and received through a Gymnasium vector env.
+
+    Place it innermost on the trainer side: directly around SyncVectorEnv,
+    AsyncVectorEnv or a bridge client, inside NormalizeObservation,
+    RecordEpisodeStatistics and other wrappers that change values on purpose.
+    It rebuilds each env's events as the env side saw them, following the
+    vector env's autoreset mode (read from ``metadata["autoreset_mode"]``, or
+    given as ``autoreset_mode=``), and writes one file with every env's
+    stream on ``close()``, ``flush()`` and at interpreter exit.
+
+    It returns exactly what the vector env returned. One vector step costs a
+    constant number of Python calls, whatever the number of envs. The
+    vector env's other calls pass through: ``call``, ``get_attr`` and
+    ``set_attr`` (and ``call_async``/``call_wait``) go to it unchanged; its
+    ``step_async``/``step_wait`` and ``reset_async``/``reset_wait`` are
+    recorded like ``step`` and ``reset``, the actions taken in
+    ``step_async`` before they are sent.
+
+    Example::
+
+        >>> import gymnasium as gym
+        >>> from stepledger import LedgerVectorEnv
+        >>> envs = LedgerVectorEnv(gym.make_vec("CartPole-v1", num_envs=2), "ledger/trainer.npz")
+        >>> _ = envs.reset(seed=0)
+        >>> _ = envs.step(envs.action_space.sample())
+        >>> envs.close()  # writes ledger/trainer.npz
+
+    Args:
+        env: the vector env.
+        path: the trainer ledger file to write: a path, or an fsspec URL.
+        reward_dtype: np.float32 (default) or np.float64; the same on both sides.
+        keep_values: also keep observations and actions (costs a Python loop
+            over envs per step); the same on both sides.
+        autoreset_mode: overrides the mode, for bridges that do not declare it.
+        live: check each env's live token (from ``LedgerEnv(live=True)``) as
+            it arrives; with ``path=None`` no file is written and memory stays
+            constant.
+        on_fault: with live, what a mismatch does: "raise" a BoundaryFault
+            (default), "warn", "record" (only keep it in ``live_faults``), or
+            a callable that receives the BoundaryFault.
+        keep_tokens: leave the tokens in the info (by default they are removed,
+            so training code sees what it would see without stepledger).
+        check_wrappers: warn once when a wrapper that changes values on
+            purpose (NormalizeObservation, NormalizeReward, TransformReward,
+            ClipAction, ...) sits between this ledger and the vector env, or
+            around LedgerEnv in a SyncVectorEnv's envs; False if you mean to
+            check through it.
+        flush_interval: seconds between periodic spills to disk (default 5,
+            or ``$STEPLEDGER_FLUSH_INTERVAL``).
+    """
+
+    def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
+                 on_fault="raise", keep_tokens=False, check_wrappers=True, flush_interval=None):
+        super().__init__(env)
+        warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
+        self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
+        self.ledger = TrainerLedger(path, env.num_envs, env.single_observation_space, env.single_action_space,
+                                    autoreset_mode=self.autoreset_mode, reward_dtype=reward_dtype,
+                                    keep_values=keep_values, live=live, on_fault=on_fault, keep_tokens=keep_tokens,
+                                    flush_interval=flush_interval, owner="LedgerVectorEnv")
+        self.ledger.final_obs_name = "info['final_obs'][{i}] (same-step autoreset)"
+        link_envs(env, self.ledger)
+        self.live = bool(live)
+        self._same = self.autoreset_mode == SAME_STEP
+        self._pending_reset_mask = None  # the mask of a reset started by reset_async
+        self._step_results = self.ledger.step_results  # None with a live check or kept values
+
+    @property
+    def ledger_path(self):
+        """Where the trainer ledger is written (None in live-only mode)."""
+        return self.ledger.path
+
+    @property
+    def live_faults(self):
+        """The boundary faults the live check has found so far (BoundaryFault objects)."""
+        return self.ledger.live_faults
+
+    def reset(self, *, seed=None, options=None):
+        mask = self._reset_mask(options)
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self.ledger.interrupted()
+            raise
+        return self._record_reset(obs, info, mask)
+
+    def step(self, actions):
+        self.ledger.actions(actions)
+        try:
+            results = self.env.step(actions)
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self.ledger.interrupted()
+            raise
+        record = self._step_results
+        if record is not None:  # the hot path (no live check, no kept values): one call into the core
+            due = record(results)
+            if due is False:
+                return results
+            if due:
+                attend()
+                return results
+            # None: an env's episode ended under same-step autoreset; its final observation is looked up below
+        return self._recorded(*results)
+
+    # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
+    # in step_async, before they are sent; the results are recorded in step_wait.
+    def step_async(self, actions):
+        """Take the actions, then send them (the inner vector env's ``step_async``)."""
+        send = self._inner("step_async")
+        self.ledger.actions(actions)
+        send(actions)
+
+    def step_wait(self, **kwargs):
+        """The results of the actions sent by ``step_async``, recorded (``timeout=`` is passed on)."""
+        try:
+            results = self._inner("step_wait")(**kwargs)
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+        return self._recorded(*results)
+
+    def reset_async(self, seed=None, options=None):
+        """Start a reset (the inner vector env's ``reset_async``); ``reset_wait`` records it."""
+        start = self._inner("reset_async")
+        mask = self._reset_mask(options)
+        start(seed=seed, options=options)
+        self._pending_reset_mask = mask
+
+    def reset_wait(self, **kwargs):
+        """The observations of the reset started by ``reset_async``, recorded (``timeout=`` is passed on)."""
+        try:
+            obs, info = self._inner("reset_wait")(**kwargs)
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+        mask, self._pending_reset_mask = self._pending_reset_mask, None
+        return self._record_reset(obs, info, mask)
+
+    # Calls that do not cross the boundary as events go straight to the vector env.
+    def call(self, name, *args, **kwargs):
+        """The inner vector env's ``call``: calls ``name`` on every sub-env."""
+        return self._inner("call")(name, *args, **kwargs)
+
+    def call_async(self, name, *args, **kwargs):
+        return self._inner("call_async")(name, *args, **kwargs)
+
+    def call_wait(self, **kwargs):
+        return self._inner("call_wait")(**kwargs)
+
+    def get_attr(self, name):
+        """The inner vector env's ``get_attr``: the attribute ``name`` of every sub-env."""
+        return self._inner("get_attr")(name)
+
+    def set_attr(self, name, values):
+        """The inner vector env's ``set_attr``."""
+        return self._inner("set_attr")(name, values)
+
+    def _inner(self, method):
+        fn = getattr(self.env, method, None)
+        if fn is None:
+            raise AttributeError("LedgerVectorEnv: the vector env it wraps (%s) has no %s()"
+                                 % (type(self.env).__name__, method))
+        return fn
+
+    def _reset_mask(self, options):
+        if not options or options.get("reset_mask") is None:
+            return None
+        # Copied now: the vector env pops the key from the caller's dict.
+        mask = np.array(options["reset_mask"], dtype=np.bool_)
+        if mask.shape != (self.num_envs,):
+            raise ValueError("LedgerVectorEnv.reset: options['reset_mask'] must have shape (%d,), got %s"
+                             % (self.num_envs, mask.shape))
+        return mask
+
+    def _record_reset(self, obs, info, mask):
+        self.ledger.reset(obs, mask)
+        if self.live:
+            self._check(info, None)
+        return obs, info
+
+    def _recorded(self, obs, rewards, terminated, truncated, info):
+        """Record a vector step's results (from step or step_wait) and return them unchanged."""
+        if self._same:
+            # info holds final_obs only at a step where an env ended: a lookup is made for those steps only
+            finals = functools.partial(final_obs_at, info) if "final_obs" in info else None
+            self.ledger.step(obs, rewards, terminated, truncated, finals)
+        else:
+            self.ledger.step(obs, rewards, terminated, truncated)
+        if self.live:
+            self._check(info, info.get("final_info") if self._same and self.ledger.ended else None)
+        return obs, rewards, terminated, truncated, info
+
+    def _check(self, info, final_info):
+        """The live check: an env's token rides in the step's info, and a step that ended an
+        episode under same-step autoreset has its token in ``final_info``."""
+        led = self.ledger
+        settings = led.tokens(info, SETTINGS_KEY)
+        if settings is not None:  # only with an env's first event
+            led.check_settings(settings)
+        top = led.tokens(info)
+        final = led.tokens(final_info) if isinstance(final_info, dict) else None
+        led.check_tokens(top, final, top)
+
+    def flush(self):
+        """Write what is new in the trainer ledger; recording goes on."""
+        self.ledger.flush()
+
+    def close(self, **kwargs):
+        """Write the trainer ledger, then close the vector env."""
+        try:
+            self.ledger.close()
+        finally:
+            self.env.close(**kwargs)

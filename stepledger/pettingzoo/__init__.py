@@ -1,0 +1,24 @@
+"""PettingZoo's parallel envs: ``LedgerParallelEnv`` on the env side, SuperSuit's vector envs on the trainer side.
+
+One folder holds the library's support: ``parallel`` (LedgerParallelEnv, LedgerSuperSuitVecEnv and the
+stream helpers), ``faults`` (FaultyParallelEnv, its injector), ``check`` (check_parallel, ``stepledger check
+--trainer supersuit``), ``library`` (its line in ``stepledger.libraries``). Importing this package does not
+import PettingZoo; each name does, on first use. docs/MULTIAGENT.md has the whole story.
+"""
+
+from typing import TYPE_CHECKING
+
+from stepledger._moved import lazy_face
+
+if TYPE_CHECKING:  # what an editor and a type checker see; at run time each name is imported on first use
+    from stepledger.pettingzoo.parallel import LedgerParallelEnv, LedgerSuperSuitVecEnv, agent_streams, index_supersuit_copies, slot_map
+    from stepledger.pettingzoo.faults import FaultyParallelEnv
+    from stepledger.pettingzoo.check import check_parallel, parallel_env_factory
+
+_NAMES = {
+    **dict.fromkeys(('LedgerParallelEnv', 'LedgerSuperSuitVecEnv', 'agent_streams', 'index_supersuit_copies', 'slot_map'), 'parallel'),
+    **dict.fromkeys(('FaultyParallelEnv',), 'faults'),
+    **dict.fromkeys(('check_parallel', 'parallel_env_factory'), 'check'),
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_face(__name__, _NAMES)

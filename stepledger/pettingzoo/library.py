@@ -1,0 +1,21 @@
+"""PettingZoo's entry in the table of libraries (``stepledger.libraries``)."""
+
+from stepledger.libraries import Library
+
+LIBRARY = Library(
+    name="pettingzoo",
+    summary="PettingZoo and SuperSuit: LedgerParallelEnv around the parallel env, SuperSuit's vector envs",
+    extra="pettingzoo",
+    requires=("pettingzoo", "supersuit"),
+    trainer="supersuit",
+    check="stepledger.pettingzoo.check:check_from_cli",
+    options=(
+        ("--form", dict(choices=("gymnasium", "sb3"), default="gymnasium",
+                        help="with --trainer supersuit: concat_vec_envs_v1's base_class, gymnasium "
+                             "(LedgerSuperSuitVecEnv) or stable_baselines3 (stepledger.sb3.LedgerVecEnv)")),
+        ("--num-cpus", dict(type=int, default=0,
+                            help="with --trainer supersuit: SuperSuit's num_cpus (worker processes; 0: in-process)")),
+        ("--agent", dict(help="with --trainer supersuit: the agent each fault is injected on (default: the last of "
+                              "possible_agents)")),
+    ),
+)

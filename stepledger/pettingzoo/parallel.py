@@ -1,0 +1,491 @@
+"""The env side for PettingZoo parallel envs: ``LedgerParallelEnv``, one stream an agent.
+
+Needs the ``[pettingzoo]`` extra: ``pip install "plugrl-stepledger[pettingzoo]"``.
+
+``LedgerParallelEnv(par_env, directory, index)`` wraps the raw parallel env,
+innermost, before any SuperSuit wrapper, in the env's own process. It records
+each agent's events as ``LedgerEnv`` records an env's: the reset observation,
+then per step the action the agent was sent, its observation, reward and end
+flags. Agent ``k`` of ``possible_agents`` in env copy ``index`` is stream
+``index * len(possible_agents) + k``: the vector slot SuperSuit gives it
+(``pettingzoo_env_to_vec_env_v1`` + ``concat_vec_envs_v1``), so that the
+trainer side (``stepledger.sb3.LedgerVecEnv`` around SuperSuit's VecEnv) and
+compare pair each agent's two records. An agent that leaves has its last
+event with its end flag and no events after it; one that joins later starts
+with its first observation, recorded as a reset. The ledger file is
+``directory/env-{index}.npz``, with ``possible_agents`` in its meta.
+"""
+
+import os
+import warnings
+import weakref
+
+import numpy as np
+
+try:
+    from pettingzoo.utils import BaseParallelWrapper
+except ImportError as exc:  # pragma: no cover - exercised in a venv without PettingZoo
+    raise ImportError("stepledger.pettingzoo needs PettingZoo: pip install \"plugrl-stepledger[pettingzoo]\" "
+                      "(or pip install pettingzoo)") from exc
+
+from stepledger.format import schema as S
+from stepledger import core
+from stepledger.format import storage
+from stepledger import wording
+from stepledger.errors import LedgerError
+from stepledger.recording.live import settings_message
+from stepledger.recording.recording import Recording, attend, check_directory, check_path, check_reward_dtype
+from stepledger.recording.recording import flush_interval as resolve_flush_interval
+from stepledger.format.spaces import LeafLayout
+from stepledger.recording.placement import own_attr, slot_infos
+from stepledger.recording.trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
+
+__all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
+
+
+def agent_streams(index, possible_agents):
+    """{agent: stream id} of env copy ``index``: SuperSuit's vector slot of each agent."""
+    n = len(possible_agents)
+    return {agent: index * n + k for k, agent in enumerate(possible_agents)}
+
+
+def slot_map(possible_agents, slots):
+    """The env stream each vector slot carries, for a vectoriser that orders (env copy, agent) pairs its own way.
+
+    ``slots`` lists, slot by slot, the (env copy, agent) pair the slot
+    carries; the result (stream ``copy * len(possible_agents) + k`` for agent
+    ``k``) goes to the trainer side as ``streams=`` (``LedgerVecEnv``,
+    ``LedgerSuperSuitVecEnv``, ``TrainerLedger``). SuperSuit's own order,
+    slot i = (i // n_agents, possible_agents[i % n_agents]), is the default
+    and needs no map. A list that is not a permutation of the slots (an
+    agent twice, one missing, an unknown agent) is refused with a one-line
+    ValueError.
+    """
+    agents = list(possible_agents)
+    n = len(agents)
+
+    def refuse(text):
+        raise ValueError(wording.not_a_slot_map("slot_map", slots, text))
+
+    if not n:
+        refuse("possible_agents is empty")
+    try:
+        pairs = [tuple(p) for p in slots]
+    except TypeError:
+        refuse("give one (env copy, agent) pair per slot")
+    streams, where = [], {}
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2:
+            refuse("slot %d is %r, not an (env copy, agent) pair" % (i, pair))
+        copy, agent = pair
+        if isinstance(copy, bool) or not isinstance(copy, (int, np.integer)) or copy < 0:
+            refuse("slot %d's env copy %r is not a non-negative integer" % (i, copy))
+        if agent not in agents:
+            refuse("slot %d's agent %r is not in possible_agents %r" % (i, agent, agents))
+        stream = int(copy) * n + agents.index(agent)
+        if stream in where:
+            refuse("slots %d and %d both carry %s" % (where[stream], i, wording.stream_name(stream, agents)))
+        where[stream] = i
+        streams.append(stream)
+    if len(pairs) % n:
+        refuse("%d slots are not a whole number of env copies of %d agents" % (len(pairs), n))
+    missing = [s for s in range(len(pairs)) if s not in where]
+    if missing:
+        refuse("no slot carries %s (%d slots are env copies 0 .. %d of %d agents each)"
+               % (wording.stream_name(missing[0], agents), len(pairs), len(pairs) // n - 1, n))
+    return streams
+
+
+def _one_space(env, kind, agents):
+    """The space every agent shares (``kind`` is "observation" or "action"); a one-line error otherwise."""
+    spaces = [getattr(env, kind + "_space")(agent) for agent in agents]
+    for agent, space in zip(agents, spaces):
+        if space != spaces[0]:
+            raise LedgerError("LedgerParallelEnv: agents %r and %r have different %s spaces (%s, %s): a ledger "
+                              "records one space for all agents; pad them to one first (SuperSuit's "
+                              "pad_observations_v0 / pad_action_space_v0), as SuperSuit's vector envs need anyway"
+                              % (agents[0], agent, kind, spaces[0], space))
+    return spaces[0]
+
+
+# (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
+# (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
+_COPIES = []
+
+
+class LedgerParallelEnv(BaseParallelWrapper):
+    """Records what each agent of a PettingZoo parallel env took and gave.
+
+    Example::
+
+        >>> from mpe2 import simple_spread_v3
+        >>> from stepledger.pettingzoo import LedgerParallelEnv
+        >>> env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3), "ledger", index=0)
+        >>> obs, infos = env.reset(seed=0)
+        >>> obs, rewards, terms, truncs, infos = env.step({a: env.action_space(a).sample() for a in env.agents})
+        >>> env.close()  # writes ledger/env-0.npz: streams 0, 1, 2 for agent_0, agent_1, agent_2
+
+    Args:
+        env: the parallel env (``possible_agents`` must be set; every agent of
+            one observation space and one action space).
+        directory: where ``env-{index}.npz`` is written: a path, or an fsspec URL.
+        index: the env copy's position in the trainer's vector env (SuperSuit's
+            copy number); or None, and ``set_index(i)`` before the first reset.
+        reward_dtype, keep_values, flush_interval: as for ``LedgerEnv``; the
+            same on both sides.
+        live: attach each agent's live token to that agent's info, for a
+            trainer-side ledger with ``live=True``: a step's under
+            ``"stepledger"``, a reset's under ``"stepledger_reset"`` (SuperSuit
+            merges the reset's info into the ending step's at an autoreset, so
+            the two need keys of their own); each agent's first token comes
+            with the settings and ``possible_agents``.
+    """
+
+    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, flush_interval=None,
+                 live=False):
+        super().__init__(env)
+        agents = list(getattr(env, "possible_agents", None) or [])
+        if not agents:
+            raise LedgerError("LedgerParallelEnv: the env has no possible_agents; wrap the raw PettingZoo "
+                              "parallel env (its possible_agents lists every agent that can take part)")
+        directory = check_path(directory, "LedgerParallelEnv", "directory")
+        if not storage.is_remote(directory):
+            if os.path.splitext(directory)[1].lower() == ".npz" and not os.path.isdir(directory):
+                raise LedgerError("LedgerParallelEnv: directory %r looks like a ledger file; give the directory "
+                                  "the env ledgers go to" % (directory,))
+            check_directory(directory, "LedgerParallelEnv")
+        self._agents = agents
+        self._dtype = check_reward_dtype(reward_dtype, "LedgerParallelEnv")
+        self._interval = resolve_flush_interval(flush_interval, "LedgerParallelEnv")
+        self._obs_layout = LeafLayout(_one_space(env, "observation", agents), "LedgerParallelEnv: observation space")
+        self._act_layout = LeafLayout(_one_space(env, "action", agents), "LedgerParallelEnv: action space")
+        self._directory = directory
+        self._keep_values = bool(keep_values)
+        self._recording = None
+        self._recorders = None  # {agent: core.EventRecorder}
+        self._in_play = set()   # agents whose episode is under way (reset and not ended)
+        self.live = bool(live)
+        self._streams = None    # {agent: stream id}, once indexed
+        self._unsent = set()    # with live: agents whose first token (it carries the settings) is still to go
+        self.index = None
+        if index is not None:
+            self.set_index(index)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _COPIES[:] = [(pid, ref) for pid, ref in _COPIES if ref() is not None]
+        _COPIES.append((os.getpid(), weakref.ref(self)))
+
+    # ------------------------------------------------------------------ the index
+
+    def set_index(self, index):
+        """Give this env copy its index (its position in the trainer's vector env), before its first reset."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+            raise ValueError("LedgerParallelEnv: index must be a non-negative integer, got %r" % (index,))
+        index = int(index)
+        if self._recording is not None:
+            if index == self.index:
+                return
+            raise LedgerError("LedgerParallelEnv: this env copy is index %d already; it cannot become %d"
+                              % (self.index, index))
+        path = storage.join(self._directory, "env-%d.npz" % index)
+        streams = agent_streams(index, self._agents)
+        self._recording = rec = Recording(
+            path, "env", [streams[a] for a in self._agents], self._obs_layout, self._act_layout, self._dtype,
+            self._keep_values, {S.META_POSSIBLE_AGENTS: list(self._agents)}, self._interval, "LedgerParallelEnv")
+        is_f32 = self._dtype == np.float32
+        self._recorders = {
+            agent: core.EventRecorder(rec.buffers[k], self._obs_layout, self._act_layout, is_f32,
+                                      rec.values[k].append if self._keep_values else None)
+            for k, agent in enumerate(self._agents)}
+        self._streams = streams
+        if self.live:
+            self._settings = settings_message(self._dtype.name, self._obs_layout, self._act_layout, self._agents)
+            self._unsent = set(self._agents)
+        self.index = index
+
+    @property
+    def ledger_path(self):
+        """Where the ledger is written (None until the index is given)."""
+        return None if self._recording is None else self._recording.path
+
+    def _recorder(self):
+        if self._recorders is None:
+            raise LedgerError("LedgerParallelEnv: no index: give index= or call set_index(i) before the first "
+                              "reset (i: the env copy's position in the trainer's vector env)")
+        return self._recorders
+
+    # ------------------------------------------------------------------ events
+
+    def reset(self, seed=None, options=None):
+        recorders = self._recorder()
+        try:
+            obs, infos = self.env.reset(seed=seed, options=options)
+        except BaseException:
+            self._recording.interrupted = True
+            raise
+        self._in_play = set()
+        entered = []
+        if self._enter(recorders, obs, (), entered):
+            attend()
+        if self.live:
+            infos = self._with_tokens(infos, (), entered)
+        return obs, infos
+
+    def step(self, actions):
+        recorders = self._recorder()
+        # Each agent's action is noted as sent, before the env (which may change arrays in place) sees it.
+        acting = []
+        for agent, action in actions.items():
+            rec = recorders.get(agent)
+            if rec is not None and agent in self._in_play:
+                rec.take_action(action)
+                acting.append(agent)
+        try:
+            obs, rewards, terminations, truncations, infos = self.env.step(actions)
+        except BaseException:
+            self._recording.interrupted = True
+            raise
+        over = False
+        for agent in acting:
+            te, tr = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
+            over |= recorders[agent].step_taken(obs.get(agent), rewards.get(agent, 0.0), te, tr)
+            if te or tr:
+                self._in_play.discard(agent)
+        entered = [] if self.live else None
+        over |= self._enter(recorders, obs, acting, entered)  # an agent that joined: its first observation
+        if over:
+            attend()
+        if self.live:
+            infos = self._with_tokens(infos, acting, entered)
+        return obs, rewards, terminations, truncations, infos
+
+    def _with_tokens(self, infos, stepped, entered):
+        """A copy of ``infos`` with each agent's token: a step's under TOKEN_KEY, a reset's (the agent's first
+        observation) under RESET_TOKEN_KEY; the env's own dicts are left as they were (it may reuse them)."""
+        infos = dict(infos) if infos else {}
+        recorders, streams = self._recorders, self._streams
+        for agent in stepped:
+            info = infos[agent] = dict(infos.get(agent) or ())
+            info[S.TOKEN_KEY] = recorders[agent].token(streams[agent])
+        for agent in entered:
+            info = infos[agent] = dict(infos.get(agent) or ())
+            info[S.RESET_TOKEN_KEY] = recorders[agent].token(streams[agent])
+        if self._unsent:  # each agent's first token carries the settings
+            for agent in (*stepped, *entered):
+                if agent in self._unsent:
+                    self._unsent.discard(agent)
+                    infos[agent][S.SETTINGS_KEY] = self._settings
+        return infos
+
+    def _enter(self, recorders, obs, acting, entered=None):
+        """Record a reset for each agent in ``obs`` that is not in play (nor among ``acting``); each is added
+        to ``entered`` if given."""
+        over = False
+        for agent, value in obs.items():
+            if agent in self._in_play or agent in acting:
+                continue
+            rec = recorders.get(agent)
+            if rec is None:
+                warnings.warn("LedgerParallelEnv: agent %r is not in possible_agents %r; its events are not "
+                              "recorded" % (agent, self._agents), RuntimeWarning, stacklevel=3)
+                continue
+            over |= rec.reset(value)
+            self._in_play.add(agent)
+            if entered is not None:
+                entered.append(agent)
+        return over
+
+    # ------------------------------------------------------------------ writing
+
+    def flush(self):
+        """Write what is new in the ledger (a spill segment); recording goes on."""
+        if self._recording is not None:
+            self._recording.flush()
+
+    def close(self):
+        """Write the ledger file, then close the env."""
+        try:
+            if self._recording is not None:
+                self._recording.close()
+        finally:
+            self.env.close()
+
+
+def _supersuit_inner(venv):
+    """SuperSuit's ConcatVecEnv (in-process copies) or ProcConcatVec (worker processes) in ``venv``."""
+    inner = venv
+    for _ in range(8):  # SuperSuit's SB3 or Gymnasium wrapper around it
+        if hasattr(inner, "vec_envs") or hasattr(inner, "procs"):
+            return inner
+        inner = getattr(inner, "venv", None)
+        if inner is None:
+            break
+    raise LedgerError("index_supersuit_copies: %s is not one of SuperSuit's vector envs (concat_vec_envs_v1: a "
+                      "ConcatVecEnv, or a ProcConcatVec with num_cpus > 1)" % type(venv).__name__)
+
+
+def _ledger_in(par_env):
+    env = par_env
+    while env is not None and not isinstance(env, LedgerParallelEnv):
+        # most SuperSuit wrappers of a parallel env wrap it as an AEC env: aec_to_parallel(w(parallel_to_aec(env)))
+        env = own_attr(env, "env") or own_attr(env, "aec_env")
+    return env
+
+
+def index_supersuit_copies(venv, strict=True):
+    """Give each env copy of a SuperSuit vector env its index: copy c's LedgerParallelEnv gets c.
+
+    ``concat_vec_envs_v1`` builds every copy from one env (a pickled copy of
+    it), so an index given at construction would be the same in all of them:
+    build ``LedgerParallelEnv(par_env, directory)`` without one and call this
+    on the vector env before its first reset. In-process copies (``num_cpus``
+    0 or 1) are given theirs here; with worker processes (``num_cpus > 1``)
+    the indices travel to the workers in a message of SuperSuit's own (its
+    ``env_is_wrapped`` query, whose wrapper class is unpickled in each
+    worker), and each worker numbers its copies from the first vector slot
+    SuperSuit gave it. Returns the number of copies (in-process) or worker
+    processes given their indices. ``strict=False`` passes over copies with
+    no LedgerParallelEnv and copies indexed already.
+    """
+    inner = _supersuit_inner(venv)
+    if hasattr(inner, "procs"):
+        slots = {p.pid: (inner.idx_starts[w], inner.idx_starts[w + 1] - inner.idx_starts[w])
+                 for w, p in enumerate(inner.procs)}
+        inner.env_is_wrapped(_WorkerIndices(slots, strict))
+        return len(inner.procs)
+    for c, copy in enumerate(inner.vec_envs):
+        env = _ledger_in(getattr(copy, "par_env", None))
+        if env is None:
+            if not strict:
+                continue
+            raise LedgerError("index_supersuit_copies: env copy %d has no LedgerParallelEnv in it (wrap the raw "
+                              "parallel env, before any SuperSuit wrapper)" % c)
+        if env.index is None or strict:
+            env.set_index(c)
+    return len(inner.vec_envs)
+
+
+def _index_worker_copies(slots, strict):
+    """In a SuperSuit worker process: number this process's env copies from its first vector slot.
+
+    Runs as the worker unpickles ``_WorkerIndices``; returns the class SuperSuit then asks about.
+    """
+    first, n_slots = slots.get(os.getpid(), (None, None))
+    pid = os.getpid()
+    copies = [ref() for p, ref in _COPIES if p == pid]
+    copies = [c for c in copies if c is not None]
+    if first is not None and copies:
+        n_agents = len(copies[0]._agents)
+        n_copies = n_slots // n_agents
+        if strict and len(copies) < n_copies:
+            raise LedgerError("index_supersuit_copies: worker process %d holds %d LedgerParallelEnv copies of %d "
+                              "agents for %d vector slots: wrap each copy's raw parallel env in one "
+                              "LedgerParallelEnv" % (pid, len(copies), n_agents, n_slots))
+        # the copies are the last ones loaded: a worker started by spawn or forkserver first loads the env
+        # they are copied from, with SuperSuit's constructor
+        for k, env in enumerate(copies[-n_copies:]):
+            if env.index is None or strict:
+                env.set_index(first // n_agents + k)
+    elif strict and first is not None:
+        raise LedgerError("index_supersuit_copies: worker process %d holds no LedgerParallelEnv (wrap the raw "
+                          "parallel env, before any SuperSuit wrapper)" % pid)
+    return LedgerParallelEnv
+
+
+class _WorkerIndices:
+    """What index_supersuit_copies sends each worker: unpickled there, it gives the copies their indices."""
+
+    def __init__(self, slots, strict):
+        self.slots, self.strict = slots, strict
+
+    def __reduce__(self):
+        return _index_worker_copies, (self.slots, self.strict)
+
+
+_TERMINAL_OBS = "terminal_observation"
+
+
+class LedgerSuperSuitVecEnv(WritesTrainerLedger):
+    """The trainer side of SuperSuit's Gymnasium form (``concat_vec_envs_v1(..., base_class="gymnasium")``).
+
+    That vector env is not a Gymnasium 1.x vector env: its infos are a list
+    of per-slot dicts, it has no ``single_observation_space``, and it resets a
+    slot within the step that ends its episode, with the final observation in
+    ``infos[i]["terminal_observation"]``. This adapter records it through
+    ``TrainerLedger`` (same-step autoreset) and returns exactly what it
+    returned; other attributes pass through. With in-process copies whose
+    ``LedgerParallelEnv`` has no index yet, each copy is given its own
+    (``index_supersuit_copies``).
+
+    Example::
+
+        venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(LedgerParallelEnv(par_env, "ledger")),
+                                     2, num_cpus=0, base_class="gymnasium")
+        venv = LedgerSuperSuitVecEnv(venv, "ledger/trainer.npz")
+
+    With ``live=True`` (and ``LedgerParallelEnv(live=True)``), each slot's
+    tokens are checked as they arrive: a step's under ``"stepledger"``, a
+    reset's under ``"stepledger_reset"`` of the same info (SuperSuit merges the
+    two at an autoreset), as ``LedgerVecEnv`` does under SuperSuit's SB3
+    form; ``on_fault``, ``keep_tokens`` and ``streams`` (the slots' (env copy,
+    agent) map, ``slot_map``) as there.
+    """
+
+    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None, live=False,
+                 on_fault="raise", keep_tokens=False, streams=None):
+        self.venv = venv
+        try:
+            index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
+        except LedgerError:
+            pass  # not one of SuperSuit's vector envs: nothing to give
+        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
+                                    autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values,
+                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
+                                    flush_interval=flush_interval, streams=streams, owner="LedgerSuperSuitVecEnv")
+        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
+        self.live = bool(live)
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("venv", "ledger"):
+            raise AttributeError(name)
+        return getattr(self.venv, name)
+
+    @property
+    def ledger_path(self):
+        return self.ledger.path
+
+    def reset(self, seed=None, options=None):
+        try:
+            obs, infos = self.venv.reset(seed=seed, options=options)
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+        led = self.ledger
+        led.reset(obs)
+        if self.live:
+            slots = slot_infos(self.venv, infos)
+            led.check_settings(led.tokens(slots, S.SETTINGS_KEY))
+            led.check_tokens(led.tokens(slots, S.RESET_TOKEN_KEY))
+        return obs, infos
+
+    @property
+    def live_faults(self):
+        """The boundary faults the live check has found so far (BoundaryFault objects)."""
+        return self.ledger.live_faults
+
+    def step(self, actions):
+        led = self.ledger
+        led.actions(actions)
+        try:
+            obs, rewards, terminations, truncations, infos = self.venv.step(actions)
+        except BaseException:
+            led.interrupted()
+            raise
+        led.step(obs, rewards, terminations, truncations,
+                 lambda i: infos[i].get(_TERMINAL_OBS) if isinstance(infos[i], dict) else None)
+        if self.live:
+            steps = led.tokens(infos)
+            led.check_tokens(steps, steps, led.tokens(infos, S.RESET_TOKEN_KEY) if led.ended else None)
+        return obs, rewards, terminations, truncations, infos
+

@@ -1,0 +1,831 @@
+"""Comparing the two sides: the first difference per env, and the report users read.
+
+``compare(env_dir, trainer_file)`` streams both ledgers chunk by chunk, so it
+runs in bounded memory whatever their length, and stops reading an env's
+streams at their first difference unless every difference is to be counted.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from stepledger.format import schema as S
+from stepledger import core
+from stepledger.format import processes
+from stepledger.format import storage
+from stepledger import wording
+from stepledger.report.base import DifferenceReport
+from stepledger.errors import LedgerError, SettingsError
+from stepledger.format.ledgerfile import CHUNK, positions
+from stepledger.report.read import FIRST_EVENTS, MergedLedger, env_index_of, fragments_of, read, read_ledger, read_trainers
+from stepledger.format.spaces import is_variable_description, leaf_names
+from stepledger.wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
+
+
+class EnvDifference:
+    """How one env's two streams differ.
+
+    ``what`` is ``"fields"`` (values differ at an event), ``"kind"`` (a reset
+    on one side, a step on the other), ``"length"`` (the streams agree but
+    one ends first), ``"one_side"`` (the env is in one ledger only) or
+    ``"overlap"`` (events that two trainer files hold, from ``event`` on:
+    ``detail`` has their ``events`` and ``files``).
+    ``episode`` and ``step`` locate the event on the env side; ``fields``
+    lists the differing fields in report order; ``env_values`` and
+    ``trainer_values`` map a field to its printed value where known.
+    """
+
+    def __init__(self, env, what, event=None, episode=None, step=None, fields=(), env_values=None,
+                 trainer_values=None, env_events=None, trainer_events=None, side=None, counts=None, detail=None):
+        self.env, self.what, self.event = env, what, event
+        self.episode, self.step, self.fields = episode, step, tuple(fields)
+        self.env_values = env_values or {}
+        self.trainer_values = trainer_values or {}
+        self.env_events, self.trainer_events = env_events, trainer_events
+        self.side, self.counts, self.detail = side, counts, detail or {}
+        self.raw = {}  # field -> (env leaves, trainer leaves, leaf names), where values were kept
+        self.patterns = []  # with count_all: where each field's differences fall (stepledger.wording.pattern)
+        self.trainer_file = None  # the trainer file that holds this env's stream, if any
+        self.agents = None  # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
+        self.untold = None  # (the env's end flag, steps the trainer got after it): an end the trainer missed
+
+    def line(self):
+        if self.what == "one_side":
+            return wording.one_side_line(self.env, self.side,
+                                         self.env_events if self.side == "env" else self.trainer_events, self.agents)
+        if self.what == "length":
+            return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events,
+                                       self.agents)
+        if self.what == "overlap":
+            return wording.overlap_line(self.env, self.episode, self.step, *self.detail["events"],
+                                        *self.detail["files"], self.agents)
+        line = wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
+                                       self.trainer_values, self.detail, self.agents)
+        if self.untold is not None:
+            line += "; " + wording.untold_end(self.env, self.agents, *self.untold)
+        return line
+
+    def _json_values(self, values, side):
+        """The printed values as JSON values: numbers, booleans, lists of numbers; text where not numeric."""
+        out = {}
+        for f, text in values.items():
+            if f in ("terminated", "truncated"):
+                out[f] = text == "True"
+            elif f == "reward":
+                try:
+                    out[f] = float(text)  # the shortest digits that round-trip, as printed
+                except ValueError:
+                    out[f] = text  # "invalid"
+            elif f in self.raw and _json_size(self.raw[f][side]) <= _JSON_VALUES_LIMIT:
+                leaves, names = self.raw[f][side], self.raw[f][2]
+                out[f] = (np.asarray(leaves[0]).tolist() if names == [""]
+                          else {n: np.asarray(v).tolist() for n, v in zip(names, leaves)})
+            else:
+                out[f] = text
+        return out
+
+    def to_dict(self):
+        d = {"env": self.env, "type": self.what}
+        if self.what in ("fields", "kind"):
+            d.update(event=self.event, episode=self.episode, step=self.step, fields=list(self.fields),
+                     env_values=self._json_values(self.env_values, 0),
+                     trainer_values=self._json_values(self.trainer_values, 1))
+            if self.detail:
+                d["first_element"] = self.detail
+        if self.what == "length":
+            d.update(episode=self.episode, step=self.step)
+        if self.what == "overlap":
+            d.update(event=self.event, episode=self.episode, step=self.step, events=list(self.detail["events"]),
+                     files=list(self.detail["files"]))
+        if self.what == "one_side":
+            d["side"] = self.side
+        d["env_events"], d["trainer_events"] = self.env_events, self.trainer_events
+        if self.counts is not None:
+            d["counts"] = self.counts
+        if self.patterns:
+            d["patterns"] = list(self.patterns)
+        if self.trainer_file is not None:
+            d["trainer_file"] = self.trainer_file
+        if self.untold is not None:
+            d["untold_end"], d["steps_never_taken"] = self.untold
+        if self.agents:
+            d["env_copy"], d["agent"] = self.env // len(self.agents), self.agents[self.env % len(self.agents)]
+        d["line"] = self.line()
+        return d
+
+
+class Report(DifferenceReport):
+    """The result of a comparison. Truthy when the two sides agree everywhere.
+
+    ``differences`` holds one EnvDifference per differing env, in env order;
+    ``envs`` every env index seen on either side; ``str(report)`` is the text
+    report, one line per differing env, then ``N of M envs differ``.
+    """
+
+    def __init__(self, envs, differences, partial, values_hint, count_all, notes=(), agent_streams=False):
+        self.envs = envs
+        self.agent_streams = agent_streams  # the streams are agents of multi-agent env copies, not envs
+        self.differences = differences
+        self.partial = partial  # {"env": bool, "trainer": bool}
+        self.values_hint = values_hint
+        self.count_all = count_all
+        self.hints = []  # lines that name a likely cause (stepledger.wording), after the notes
+        # Lines that are not differences: streams that end at different points in a run that
+        # did not end cleanly, ledgers of other runs left out, ledgers still being written.
+        self.notes = list(notes)
+        self.trainer_files = []  # the names of the trainer files compared
+
+    def by_env(self):
+        return {d.env: d for d in self.differences}
+
+    def lines(self):
+        out = [d.line() for d in self.differences]
+        if self.count_all:
+            for d in self.differences:
+                if d.counts:
+                    out.append(wording.counts_line(d.env, d.counts, d.agents))
+                    out += ["%s: %s" % (wording.stream_name(d.env, d.agents), text) for text in d.patterns]
+        out.append(wording.envs_differ(len(self.differences), len(self.envs), self.agent_streams))
+        agents = wording.agents_differ(self.differences)
+        if agents:
+            out.append(agents)
+        out.extend(self.notes)
+        if self.values_hint:
+            out.append(wording.VALUES_HINT)
+        out += self.hints
+        return out
+
+    def __repr__(self):
+        return "<Report ok=%s: %s>" % (self.ok, wording.envs_differ(len(self.differences), len(self.envs),
+                                                                   self.agent_streams))
+
+    def to_dict(self):
+        return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
+                "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
+                "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes),
+                "trainer_files": list(self.trainer_files)}
+
+
+
+_JSON_VALUES_LIMIT = 4096  # elements; a larger kept value appears in JSON as its shortened text
+
+
+def _json_size(leaves):
+    return sum(int(np.asarray(v).size) for v in leaves)
+
+
+# ---------------------------------------------------------------- settings
+
+def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
+    """Refuse (LedgerError) when the two ledgers cannot be compared."""
+    if env_meta.get(S.META_SIDE) == "trainer" and trainer_meta.get(S.META_SIDE) == "env":
+        raise LedgerError(wording.wrong_order(env_path, trainer_path))
+    if env_meta.get(S.META_SIDE) != "env":
+        raise LedgerError("%s: not an env-side ledger (side %r)" % (env_path, env_meta.get(S.META_SIDE)))
+    if trainer_meta.get(S.META_SIDE) != "trainer":
+        raise LedgerError("%s: not a trainer-side ledger (side %r)" % (trainer_path, trainer_meta.get(S.META_SIDE)))
+    e_version, t_version = env_meta.get(S.META_FORMAT_VERSION), trainer_meta.get(S.META_FORMAT_VERSION)
+    if _digest_format(e_version) != _digest_format(t_version):
+        raise LedgerError("the two sides use different format versions (env %s, trainer %s)" % (e_version, t_version))
+    msg = settings_difference(env_meta, trainer_meta)
+    if msg:
+        raise SettingsError(msg)
+
+
+def _digest_format(version):
+    """Versions whose events compare: 1 and 2 differ only in meta keys that say which run a file is of."""
+    return 1 if version in (1, 2) else version
+
+
+# ---------------------------------------------------------------- runs and how they ended
+
+# Clocks of two machines differ a little: times closer than this are taken to overlap.
+CLOCK_SLACK = 2.0
+
+
+def other_run(env_meta, trainer_meta):
+    """Why an env ledger is not of the trainer ledger's run, or None if it is (or cannot be told).
+
+    Both carry a run id when the trainer side could reach the env side (through
+    the vector env's set_attr, or SB3's env_method): they must be equal. Where
+    the env side never heard from the trainer (a bridge, another machine), the
+    two recordings must overlap in time.
+    """
+    er, tr = env_meta.get(S.META_RUN), trainer_meta.get(S.META_RUN)
+    if er and tr:
+        if er == tr:
+            return None
+        return wording.other_run_id(er, env_meta.get(S.META_UPDATED), tr)
+    e_started, e_updated = env_meta.get(S.META_STARTED), env_meta.get(S.META_UPDATED)
+    t_started, t_updated = trainer_meta.get(S.META_STARTED), trainer_meta.get(S.META_UPDATED)
+    if not all(isinstance(t, (int, float)) for t in (e_started, e_updated, t_started, t_updated)):
+        return None  # format version 1: no times to go by
+    if e_updated < t_started - CLOCK_SLACK:
+        return wording.other_run_before(e_updated, t_started)
+    if trainer_meta.get(S.META_STATE) != S.STATE_OPEN and e_started > t_updated + CLOCK_SLACK:
+        return wording.other_run_after(e_started, t_updated)
+    return None
+
+
+def _closed(meta):
+    """Closed cleanly: close() after a run no exception interrupted. Version 1 files count as closed."""
+    return meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED
+
+
+def _writer_alive(meta):
+    pid, start = meta.get(S.META_PID), meta.get(S.META_PID_START)
+    if meta.get(S.META_HOST) != processes.HOST or not isinstance(pid, int):
+        return None  # another machine: cannot tell
+    return processes.running(pid, start)
+
+
+def how_it_ended(meta):
+    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
+    state = meta.get(S.META_STATE, S.STATE_CLOSED)
+    if state == S.STATE_OPEN:
+        return wording.still_open(_writer_alive(meta))
+    return wording.ENDED.get(state)
+
+
+def _ledger_note(name, meta, events):
+    """One line for a ledger that was not closed cleanly: how it ended, when it was last written, how much."""
+    ended = how_it_ended(meta)
+    if ended is None:
+        return None
+    return wording.ledger_note(name, ended, meta.get(S.META_UPDATED), events)
+
+
+def _agents_of(stream):
+    """The agents of a multi-agent env ledger's streams (its file's possible_agents), or None."""
+    agents = stream.meta.get(S.META_POSSIBLE_AGENTS)
+    return agents if isinstance(agents, list) and agents else None
+
+
+def _env_notes(env_ledger, env_dir):
+    """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
+    groups = {}
+    for idx, stream in env_ledger.streams.items():
+        ended = how_it_ended(stream.meta)
+        if ended is not None:
+            agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
+            groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
+    return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())]
+
+
+def _ends_note(env_id, es, ts):
+    """The line for streams that agree as far as both go, in a run that did not end cleanly."""
+    n_env, n_tr = len(es), len(ts)
+    if n_env < n_tr:
+        which, gap = "env", n_tr - n_env
+    else:
+        which, gap = "trainer", n_env - n_tr
+    why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
+    return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
+                              min(n_env, n_tr), _agents_of(es))
+
+
+# ---------------------------------------------------------------- values
+
+def _first_element(env_leaves, tr_leaves, names):
+    if len(env_leaves) != len(tr_leaves):
+        return None
+    for name, a, b in zip(names, env_leaves, tr_leaves):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return None  # the values' texts give their shapes
+        diff = np.argwhere(~((a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else (a == b)))
+        if diff.size:
+            idx = "[" + ", ".join(str(int(x)) for x in diff[0]) + "]" if a.ndim else ""
+            return (name + idx) or "[]"
+    return None
+
+
+# ---------------------------------------------------------------- search
+
+def _read_rows(stream, names, start, stop):
+    """Rows [start, stop) of a stream's columns, across its pieces."""
+    parts = {n: [] for n in names}
+    pos = 0
+    for p in stream.pieces:
+        n = p.stop - p.start
+        a, b = max(start, pos), min(stop, pos + n)
+        if a < b:
+            for name in names:
+                parts[name].append(p.lf.source(name).read(p.start + a - pos, p.start + b - pos))
+        pos += n
+        if pos >= stop:
+            break
+    return {n: (v[0] if len(v) == 1 else np.concatenate(v)) for n, v in parts.items()}
+
+
+def _compare_stream(env_stream, tr_stream, count_all):
+    """First differing event index (or -1), counts per field if asked, and env positions."""
+    n = min(len(env_stream), len(tr_stream))
+    first = -1
+    counts = {f: 0 for f in S.FIELDS} if count_all else None
+    carry = (-1, 0)
+    position = None
+    where = None
+    for start in range(0, n, CHUNK):
+        stop = min(start + CHUNK, n)
+        a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        if first < 0:
+            i = core.first_difference(a, b)
+            if i >= 0:
+                first = start + i
+                from stepledger.format.ledgerfile import positions
+                ep, st, _ = positions(a["kind"][: i + 1], carry)
+                position = (int(ep[-1]), int(st[-1]))
+            else:
+                carry = _advance(a["kind"], carry)
+        if count_all and first >= 0:
+            lo = max(first - start, 0)
+            for f in S.FIELDS:
+                col = S.FIELD_COLUMNS[f]
+                counts[f] += int(np.count_nonzero(np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])))
+            where = where or _Where()
+            where.add(a, b, lo)
+        if first >= 0 and not count_all:
+            break
+    if first < 0 and n:
+        position = carry  # the position of the last shared event
+    if counts is not None:
+        counts["where"] = where
+    return first, counts, position
+
+
+def _position_of(stream, index):
+    """(episode, step) of event ``index`` of a stream, read chunk by chunk."""
+    carry = (-1, 0)
+    for start in range(0, index + 1, CHUNK):
+        _, _, carry = positions(_read_rows(stream, ("kind",), start, min(start + CHUNK, index + 1))["kind"], carry)
+    return carry
+
+
+def _advance(kind, carry):
+    resets = np.flatnonzero(np.asarray(kind) == S.KIND_RESET)
+    n = len(kind)
+    if resets.size:
+        return (carry[0] + int(resets.size), n - 1 - int(resets[-1]))
+    return (carry[0], carry[1] + n)
+
+
+_PEEK = 64  # trainer events looked at after an end the trainer was not told of
+
+
+def _untold_end(env_stream, tr_stream, index):
+    """At a step where the env ended its episode and the trainer was told neither flag, the episode's
+    next event on the env side being a reset or none: (the env's flag, how many steps the trainer then
+    received that the env never took, up to _PEEK). None for any other difference."""
+    names = ("kind", "terminated", "truncated")
+    a = _read_rows(env_stream, names, index, index + 2)
+    b = _read_rows(tr_stream, names, index, index + 1 + _PEEK)
+    if a["kind"][0] != S.KIND_STEP or b["kind"][0] != S.KIND_STEP or b["terminated"][0] or b["truncated"][0]:
+        return None
+    flag = "terminated" if a["terminated"][0] else "truncated" if a["truncated"][0] else None
+    if flag is None or (len(a["kind"]) > 1 and a["kind"][1] != S.KIND_RESET):
+        return None
+    extra = 0
+    for k in range(1, len(b["kind"])):
+        if b["kind"][k] != S.KIND_STEP:
+            break
+        extra += 1
+        if b["terminated"][k] or b["truncated"][k]:
+            break
+    return flag, extra
+
+
+def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
+    a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, index, index + 1)
+    b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, index, index + 1)
+    row_a = {k: v[0] for k, v in a.items()}
+    row_b = {k: v[0] for k, v in b.items()}
+    episode, step = position
+    ours = {f: row_a[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
+    theirs = {f: row_b[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
+    if ours["kind"] != theirs["kind"]:
+        env_values, tr_values = wording.event_values(("kind",), ours, theirs, meta[S.META_REWARD_DTYPE])
+        return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_values, tr_values)
+    fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
+    env_values, tr_values, detail, raw = {}, {}, {}, {}
+    for f in fields:
+        col = S.FIELD_COLUMNS[f]
+        if f not in ("obs", "action"):
+            a, b = wording.event_values((f,), ours, theirs, meta[S.META_REWARD_DTYPE])
+            env_values.update(a), tr_values.update(b)
+        else:
+            which = "obs" if f == "obs" else "act"
+            space = meta[S.META_OBS_SPACE if f == "obs" else S.META_ACT_SPACE]
+            names = leaf_names(space)
+            shapes = [shape for _, shape in S.space_leaves(space)]
+            va, vb = env_stream.value_rows(which, index), tr_stream.value_rows(which, index)
+            ta, tb = wording.digest_text(row_a[col]), wording.digest_text(row_b[col])
+            if va is not None and vb is not None or ta or tb:
+                env_values[f] = ta or (wording.values_text(va, names, shapes, space) if va is not None else None)
+                tr_values[f] = tb or (wording.values_text(vb, names, shapes, space) if vb is not None else None)
+                if env_values[f] is None or tr_values[f] is None:
+                    env_values.pop(f), tr_values.pop(f)
+                elif not (ta or tb) and not is_variable_description(space):
+                    where = _first_element(va, vb, names)
+                    if where:
+                        detail[f] = where
+                    raw[f] = (va, vb, names)
+    d = EnvDifference(env_id, "fields", index, episode, step, fields, env_values, tr_values, detail=detail)
+    d.raw = raw
+    return d
+
+
+# ---------------------------------------------------------------- causes
+
+class _Where:
+    """With count_all: where each field's differences fall, from an env's first difference on."""
+
+    def __init__(self):
+        self.totals = {"events": 0, "steps": 0, "ends": 0, "starts": 0}
+        self.by_field = {f: {"at_steps": 0, "at_ends": 0, "at_starts": 0} for f in S.FIELDS}
+        self._prev_kind = None  # the kind of the event before the chunk
+
+    def add(self, a, b, lo):
+        kind = np.asarray(a["kind"])
+        prev = np.empty_like(kind)
+        prev[0] = S.KIND_STEP if self._prev_kind is None else self._prev_kind
+        prev[1:] = kind[:-1]
+        self._prev_kind = kind[-1]
+        kind, prev = kind[lo:], prev[lo:]
+        is_step = kind == S.KIND_STEP
+        ends = is_step & (np.asarray(a["terminated"][lo:]) | np.asarray(a["truncated"][lo:]))
+        starts = is_step & (prev == S.KIND_RESET)
+        t = self.totals
+        t["events"] += len(kind)
+        t["steps"] += int(np.count_nonzero(is_step))
+        t["ends"] += int(np.count_nonzero(ends))
+        t["starts"] += int(np.count_nonzero(starts))
+        for f in S.FIELDS:
+            col = S.FIELD_COLUMNS[f]
+            diff = np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])
+            c = self.by_field[f]
+            c["at_steps"] += int(np.count_nonzero(diff & is_step))
+            c["at_ends"] += int(np.count_nonzero(diff & ends))
+            c["at_starts"] += int(np.count_nonzero(diff & starts))
+
+    def patterns(self, counts, episode, step):
+        out = []
+        for f in S.FIELDS:
+            n = counts.get(f, 0)
+            if n:
+                out.append(wording.pattern(f, n, dict(self.totals, **self.by_field[f]), episode, step))
+        return out
+
+
+_MATCH_EVENTS = FIRST_EVENTS  # events compared when looking for an env file that matches another env's stream
+
+
+def _prefix(stream):
+    """The first events of a stream (at most _MATCH_EVENTS), read once for every pairing."""
+    n = min(len(stream), _MATCH_EVENTS)
+    return _read_rows(stream, S.EVENT_COLUMN_NAMES, 0, n) if n else None
+
+
+def _prefixes_match(a, b):
+    if a is None or b is None:
+        return False
+    n = min(len(a["kind"]), len(b["kind"]))
+    return core.first_difference({k: v[:n] for k, v in a.items()}, {k: v[:n] for k, v in b.items()}) < 0
+
+
+def _index_hint(report, env_ledger, tr_ledger):
+    """A line when env files match other trainer envs' streams (index= wrong, swapped or duplicated), or None.
+
+    Only envs that differ from their very first events, or that are on one
+    side only, are looked at; a stream matches when its first events agree.
+    """
+    early = {d.env for d in report.differences
+             if d.what == "one_side" or (d.what in ("fields", "kind") and d.event is not None and d.event <= 1)}
+    env_side = [e for e in sorted(early) if e in env_ledger.streams]
+    tr_side = [e for e in sorted(early) if e in tr_ledger.streams]
+    if not env_side or not tr_side:
+        return None
+    env_prefix = {e: _prefix(env_ledger.streams[e]) for e in env_side}
+    tr_prefix = {t: _prefix(tr_ledger.streams[t]) for t in tr_side}
+    pairs, taken = [], set()
+    for e in env_side:
+        for t in tr_side:
+            if t != e and t not in taken and _prefixes_match(env_prefix[e], tr_prefix[t]):
+                pairs.append((e, t))
+                taken.add(t)
+                break
+    if not pairs:
+        return None
+    agents = _agents_of(env_ledger.streams[pairs[0][0]])
+    unmatched = [t for t in tr_side if t not in taken]  # suspects differ early from their own file, if any
+    if agents:
+        copies = _whole_copies(pairs, len(agents))
+        if copies is None:
+            # a multi-agent env side: the trainer's slots carry other (env copy, agent) pairs than SuperSuit's order
+            return wording.slot_map_hint(sorted((t, e) for e, t in pairs), agents)
+        # every agent of an env file matches the same agent of another env copy: the copy's index is wrong
+        n = len(agents)
+        lost = sorted({t // n for t in unmatched if all(t // n * n + k in unmatched for k in range(n))})
+        duplicates = sorted({e for e, t in copies if e in lost and t * n not in env_ledger.streams})
+        return wording.index_hint(copies, lost, duplicates, copies=True)
+    # env-e.npz holds trainer env t's stream, trainer env e has no file of its own and there is no env-t.npz:
+    # two envs were given index e and one file overwrote the other
+    duplicates = sorted({e for e, t in pairs if e in unmatched and t not in env_ledger.streams})
+    return wording.index_hint(pairs, unmatched, duplicates)
+
+
+def _whole_copies(pairs, n):
+    """(env file's copy, trainer's copy) when the matching (env stream, trainer stream) ``pairs`` are whole env
+    copies of ``n`` agents, each agent matching itself in one other copy; None otherwise."""
+    to = {}
+    for e, t in pairs:
+        if e % n != t % n:
+            return None
+        to.setdefault(e // n, set()).add(t // n)
+    if any(len(ts) != 1 for ts in to.values()) or len(pairs) != n * len(to):
+        return None
+    return sorted((c, ts.pop()) for c, ts in to.items())
+
+
+def _unindexed_notes(env_ledger, tr_ledger):
+    """A line for each env ledger recorded without an index, with the trainer stream its first events match:
+    one of the trainer's envs that has no env ledger of its own, looked at first, else any."""
+    lines = []
+    if not env_ledger.unindexed:
+        return lines
+    order = sorted(tr_ledger.streams, key=lambda t: (t in env_ledger.streams, t))
+    prefixes = {}
+    for name, meta, events, first in env_ledger.unindexed:
+        match = None
+        for t in order:
+            if t not in prefixes:
+                prefixes[t] = _prefix(tr_ledger.streams[t])
+            if _prefixes_match(first, prefixes[t]):
+                match = t
+                break
+        position = meta.get(S.META_POSITION)
+        lines.append(wording.unindexed_note(name, events, position if isinstance(position, int) else None, match))
+    return lines
+
+
+def cause_hints(report, env_ledger, tr_ledger):
+    """Hint lines that name the likely cause of a report's differences (worded in stepledger.wording)."""
+    if report.ok:
+        return []
+    line = _index_hint(report, env_ledger, tr_ledger)
+    if line:
+        return [line]
+    hints = []
+    diffs = report.differences
+    fields = [d for d in diffs if d.what == "fields"]
+    if len(fields) == len(diffs) == len(report.envs) and all(d.episode == 0 and d.step <= 1 for d in fields):
+        common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
+        if common:
+            hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams))
+    if fields and len(fields) == len(diffs) and all(
+            d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
+            and d.trainer_values.get("truncated") == "True" for d in fields):
+        hints.append(wording.AGENT_TIME_LIMIT_HINT if report.agent_streams else wording.TIME_LIMIT_HINT)
+    if fields and len(fields) == len(diffs) and all(
+            d.fields == ("terminated", "truncated") and d.env_values.get("truncated") == "True"
+            and d.trainer_values.get("terminated") == "True" for d in fields):
+        hints.append(wording.TRUNCATION_AS_TERMINATION_HINT)
+    return hints
+
+
+def _spec_text(spec):
+    return ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
+
+
+def _names_a_directory(spec):
+    for p in (spec if isinstance(spec, (list, tuple)) else [spec]):
+        p = storage.local_path(os.fspath(p))
+        if storage.isdir(p) if storage.is_remote(p) else os.path.isdir(p):
+            return True
+    return False
+
+
+def _span(meta):
+    """(began, last written) of a ledger's recording; still being written: until now. None without times."""
+    began, written = meta.get(S.META_STARTED), meta.get(S.META_UPDATED)
+    if not (isinstance(began, (int, float)) and isinstance(written, (int, float))):
+        return None
+    if meta.get(S.META_STATE) == S.STATE_OPEN and _writer_alive(meta):
+        written = max(written, time.time())
+    return began, written
+
+
+def this_run(named):
+    """The trainer ledgers of the run that began last, and lines for those of earlier runs.
+
+    Each learner's file is a recording of its own (its own run id), so the files
+    of one run are told by their times: recordings that overlap (within
+    CLOCK_SLACK) are of one run. A file of an earlier run left in the directory
+    (a run with more learners, before) is passed over with a line.
+    """
+    spans = [_span(led.meta) for _, led in named]
+    if len(named) == 1 or any(sp is None for sp in spans):
+        return named, []
+    order = sorted(range(len(named)), key=lambda k: spans[k][0])
+    groups, end = [], None
+    for k in order:
+        if end is None or spans[k][0] > end + CLOCK_SLACK:
+            groups.append([])
+            end = spans[k][1]
+        groups[-1].append(k)
+        end = max(end, spans[k][1])
+    current = groups[-1]
+    lines = [wording.earlier_trainer_run(named[k][0], wording.when(spans[k][1]), wording.when(spans[current[0]][0]),
+                                         named[current[0]][0]) for g in groups[:-1] for k in g]
+    return [named[k] for k in sorted(current)], lines
+
+
+def _check_trainers(named):
+    """Refuse trainer files of one run that record differently, or that share an env."""
+    first_name, first = named[0][0], named[0][1].meta
+    for name, led in named[1:]:
+        meta = led.meta
+        version, first_version = meta.get(S.META_FORMAT_VERSION), first.get(S.META_FORMAT_VERSION)
+        if _digest_format(version) != _digest_format(first_version):
+            raise LedgerError(wording.different_trainer_settings(name, first_name, "format version", version,
+                                                                 first_version))
+        found = wording.differing_setting(meta, first)
+        if found is not None:
+            raise LedgerError(wording.different_trainer_settings(name, first_name, *found))
+    holders, sliced = {}, {}
+    for name, led in named:
+        for idx, stream in led.streams.items():
+            if len(stream):  # a stream with no events is not the env's record
+                holders.setdefault(idx, []).append(name)
+                sliced.setdefault(idx, []).append(fragments_of(name, stream) is not None)
+    # an env may be in several files where each holds slices of it, with their offsets (read.stitch)
+    clash = sorted(i for i, names in holders.items() if len(names) > 1 and not all(sliced[i]))
+    if clash:
+        raise LedgerError(wording.env_in_several_trainer_files(clash[0], holders[clash[0]], len(clash) - 1))
+
+
+def read_trainer_side(trainer_files):
+    """The trainer side of a comparison: one trainer ledger, or several read as one (MergedLedger).
+
+    Returns (ledger, lines about files passed over). LedgerError if they cannot be compared together.
+    """
+    named, passed = read_trainers(trainer_files)
+    try:
+        named_now, earlier = this_run(named)
+        for name, led in named:
+            if all(led is not other for _, other in named_now):
+                led.close()
+        _check_trainers(named_now)
+        merged = MergedLedger(_spec_text(trainer_files), named_now)
+    except BaseException:
+        for _, led in named:
+            led.close()
+        raise
+    return merged, passed + earlier + merged.lines
+
+
+def compare(env_dir, trainer_file, count_all=False, progress=None):
+    """Compare the env-side ledgers in ``env_dir`` with the trainer side ``trainer_file``.
+
+    ``trainer_file`` is a trainer ledger, or several: a list of them, a glob
+    (``"ledger/trainer-*.npz"``), or a directory holding them (also the env
+    directory itself). Each env must be in exactly one of them (a stream with
+    no events does not count). Trainer files of an earlier run among them are
+    left out, with a line each.
+
+    Returns a Report (truthy when the two agree). Raises LedgerError when they
+    cannot be compared: a missing or unreadable ledger, the two sides given
+    in the wrong order, or different reward dtypes, spaces or format versions,
+    or ledgers of two different runs, or an env in two trainer files.
+    With ``count_all``, also counts per field the events that differ after
+    the first, which tells a one-off fault from a systematic one. Either
+    argument may be an fsspec URL (``s3://...``), read from a local copy.
+    ``progress(done, total)``, if given, is called as the envs are compared.
+
+    Env ledgers of another run in ``env_dir`` are left out, with a line each.
+    Where a run did not end cleanly (Ctrl-C, a signal, no close(), or still
+    going), streams that agree as far as both go but end at different points
+    get a line of their own and are not a difference.
+    """
+    try:
+        tr_ledger, tr_lines = read_trainer_side(trainer_file)
+    except LedgerError:
+        with read(env_dir) as env_first:  # the env side's error, if it has one, comes first, as the arguments do
+            if env_first.side == "trainer":
+                raise LedgerError(wording.wrong_order(env_dir, _spec_text(trainer_file))) from None
+        raise
+    try:
+        def accept(meta, name):
+            idx = env_index_of(name)
+            metas = [led.meta for n, led in tr_ledger.named if idx is None or idx not in tr_ledger.source
+                     or n in tr_ledger.holders[idx]]
+            reasons = [other_run(meta, m) for m in metas]
+            return None if any(r is None for r in reasons) else reasons[0]
+        env_ledger = read_ledger(env_dir, accept)
+    except LedgerError:
+        tr_ledger.close()
+        raise
+    trainer_file_given, trainer_file = trainer_file, _spec_text(trainer_file)
+    try:
+        if not env_ledger.streams and env_ledger.skipped:
+            name, reason = env_ledger.skipped[0]
+            raise LedgerError("%s and the env ledgers in %s are from different runs (%s %s): nothing to compare"
+                              % (trainer_file, env_dir, name, reason))
+        if env_ledger.side == "trainer" and _names_a_directory(trainer_file_given):
+            # a trainer file, then a directory that holds trainer files too: the env directory comes first
+            raise LedgerError(wording.wrong_order(env_dir, trainer_file))
+        check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
+        meta = env_ledger.meta
+        notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
+        for name, idx, dup_meta in env_ledger.duplicates:
+            notes.append(wording.recorded_twice(name, idx))
+        notes += _unindexed_notes(env_ledger, tr_ledger)
+        for idx, stream in env_ledger.streams.items():
+            position = stream.meta.get(S.META_POSITION)
+            if isinstance(position, int) and position != idx:
+                notes.append(wording.told_position(idx, position))
+        # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
+        # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
+        envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
+        overlaps = getattr(tr_ledger, "overlaps", {})
+        differences = []
+        hint = False
+        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped} - {None}
+        uncompared = set()
+        for k, e in enumerate(envs):
+            if progress is not None:
+                progress(k, len(envs))
+            es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
+            if es is None and (e in other_runs or how_it_ended(ts.meta) == wording.IN_PROGRESS):
+                # Not compared, and not a difference: its env ledger is another run's (the line on skipped
+                # files says so), or the run goes on and its env ledger may not have written anything yet
+                # (the compare after the run, or a later one, tells)
+                if e not in other_runs:
+                    notes.append(wording.no_env_ledger_yet(e, len(ts)))
+                uncompared.add(e)
+                continue
+            if es is None or ts is None:
+                differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
+                                                 env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
+                continue
+            first, counts, position = _compare_stream(es, ts, count_all)
+            overlap = overlaps.get(e)
+            if overlap is not None and 0 <= first < overlap[0]:
+                notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
+                overlap = None
+            if overlap is not None:
+                # events two learners got: the stitched stream holds them once, in step with the env's
+                # (read.stitch); the difference is at the first of them
+                o = overlap[0]
+                d = EnvDifference(e, "overlap", o, *_position_of(es if o < len(es) else ts, o),
+                                  detail={"events": overlap[:2], "files": overlap[2:]})
+            elif first >= 0:
+                d = _difference_at(e, es, ts, first, position, meta)
+                d.untold = _untold_end(es, ts, first)
+                hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
+            elif len(es) != len(ts):
+                if not (_closed(es.meta) and _closed(ts.meta)):
+                    notes.append(_ends_note(e, es, ts))  # the run ended badly: not a boundary fault
+                    continue
+                shared = min(len(es), len(ts))
+                pos = position if shared else (None, None)
+                d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
+            else:
+                continue
+            where = counts.pop("where", None) if counts is not None else None
+            if where is not None and d.what == "fields":
+                d.patterns = where.patterns(counts, d.episode, d.step)
+            d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
+            differences.append(d)
+        if progress is not None:
+            progress(len(envs), len(envs))
+        envs = [e for e in envs if e not in uncompared]
+        if differences:  # a difference is reported from files whose every checksum holds, never from damage
+            differing = [d.env for d in differences]
+            env_ledger.verify(differing)
+            tr_ledger.verify(differing)
+        tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
+        notes += tr_lines + [n for n in tr_notes if n] + _env_notes(env_ledger, env_dir)
+        partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
+        on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
+        agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
+        for d in differences:
+            d.trainer_file = tr_ledger.source.get(d.env)
+            if d.env in env_ledger.streams:
+                d.agents = _agents_of(env_ledger.streams[d.env])
+            elif agent_streams:  # a trainer slot no env file holds: an agent stream all the same
+                d.agents = _agents_of(on_env_side[0])
+        report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
+        report.trainer_files = [name for name, _ in tr_ledger.named]
+        report.hints = cause_hints(report, env_ledger, tr_ledger)
+        return report
+    except LedgerError as exc:
+        text = tr_ledger.rename(env_ledger.rename(str(exc)))  # a URL's local copy named by its URL
+        if text != str(exc):
+            raise LedgerError(text) from None
+        raise
+    finally:
+        env_ledger.close()
+        tr_ledger.close()

@@ -1,0 +1,66 @@
+"""Reports as JUnit XML, which CI systems show as test results.
+
+One test suite. For ``stepledger compare`` and ``stepledger episodes``, one
+test case per env: it passes when the env agrees and fails with the report's
+line for it otherwise. For ``stepledger check``, one test case per fault.
+The report's other lines (the count line, notes and hints) are the suite's
+``system-out``.
+"""
+
+import os
+import xml.etree.ElementTree as ET
+
+from stepledger.format.ledgerfile import atomic_file
+
+
+def junit_tree(name, cases, other_lines=()):
+    """An ElementTree ``<testsuites>``; ``cases`` is a list of (case name, failure line or None[, skip reason])."""
+    cases = [tuple(c) + (None,) * (3 - len(c)) for c in cases]
+    n_fail = sum(1 for _, failure, _ in cases if failure is not None)
+    n_skip = sum(1 for _, failure, skip in cases if failure is None and skip is not None)
+    suites = ET.Element("testsuites", name=name, tests=str(len(cases)), failures=str(n_fail), errors="0")
+    suite = ET.SubElement(suites, "testsuite", name=name, tests=str(len(cases)), failures=str(n_fail),
+                          errors="0", skipped=str(n_skip))
+    for case_name, failure, skip in cases:
+        case = ET.SubElement(suite, "testcase", classname=name.replace(" ", "."), name=case_name)
+        if failure is not None:
+            ET.SubElement(case, "failure", message=failure).text = failure
+        elif skip is not None:
+            ET.SubElement(case, "skipped", message=skip)
+    if other_lines:
+        ET.SubElement(suite, "system-out").text = "\n".join(other_lines)
+    return ET.ElementTree(suites)
+
+
+def _by_env(report):
+    """Cases of a compare Report or an EpisodeReport: one per env, failing with its lines."""
+    lines = {}
+    for d in report.differences:
+        if getattr(d, "env", None) is not None:
+            lines.setdefault(d.env, []).append(d.line())
+    cases = [("env %d" % env, "\n".join(lines[env]) if env in lines else None) for env in report.envs]
+    own = {line for v in lines.values() for line in v}
+    return cases, [line for line in report.lines() if line not in own]
+
+
+def _by_fault(report):
+    """Cases of a CheckReport: the clean run, then one per fault."""
+    cases = [("clean run", None if report.clean else "the clean run differs:\n%s" % report.clean)]
+    for r in report.results:
+        if r.located:
+            cases.append((r.fault, None))
+        elif not r.exercised and not r.short:  # the env never gives this fault a chance
+            cases.append((r.fault, None, r.reason))
+        else:
+            cases.append((r.fault, " ".join(r.line().split())))
+    lines = str(report).splitlines()
+    return cases, lines[-2:] if report.directory else lines[-1:]
+
+
+def write_junit(path, report, name):
+    """Write ``report`` (compare, episodes or check) as JUnit XML to ``path``, atomically."""
+    cases, other = _by_fault(report) if hasattr(report, "results") else _by_env(report)
+    tree = junit_tree(name, cases, other)
+    ET.indent(tree)
+    with atomic_file(os.fspath(path)) as f:
+        tree.write(f, encoding="utf-8", xml_declaration=True)

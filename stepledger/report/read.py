@@ -1,0 +1,761 @@
+"""Reading ledgers: ``read(path)`` for a ledger file, a spilled partial ledger or an env directory."""
+
+import fnmatch
+import glob
+import itertools
+import json
+import os
+import re
+import tempfile
+import time
+
+import numpy as np
+
+from stepledger.format import schema as S
+from stepledger.format import processes
+from stepledger.format import storage
+from stepledger import wording
+from stepledger.errors import LedgerError
+from stepledger.format.ledgerfile import CHUNK, LedgerFile, encoded_offsets, positions, spill_dir
+from stepledger._fallback import decode_leaves
+from stepledger.format.spaces import digest_signature
+
+_ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
+_DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
+_UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
+
+
+class _Piece:
+    """Rows [start, stop) of one file's columns, belonging to one stream."""
+
+    def __init__(self, lf, start, stop):
+        self.lf, self.start, self.stop = lf, start, stop
+
+
+class Stream:
+    """One env's recorded events.
+
+    ``columns`` loads every column of the stream (kind, h_obs, h_act, h_rew,
+    terminated, truncated, episode, step); ``chunks()`` streams them in
+    bounded memory.
+    """
+
+    def __init__(self, index, pieces, meta):
+        self.index = index
+        self.pieces = pieces
+        self.meta = meta
+
+    def __len__(self):
+        return sum(p.stop - p.start for p in self.pieces)
+
+    def chunks(self, names=S.EVENT_COLUMN_NAMES, size=CHUNK):
+        """Yield dicts of column arrays, ``size`` events at most each, in order."""
+        for p in self.pieces:
+            for start in range(p.start, p.stop, size):
+                stop = min(start + size, p.stop)
+                yield {name: p.lf.source(name).read(start, stop) for name in names}
+
+    @property
+    def columns(self):
+        parts = {name: [] for name in S.EVENT_COLUMN_NAMES}
+        for chunk in self.chunks():
+            for name in parts:
+                parts[name].append(np.asarray(chunk[name]))
+        out = {name: (np.concatenate(v) if v else np.empty(0, dtype=S.COLUMN_DTYPES[name]))
+               for name, v in parts.items()}
+        episode, step, _ = positions(out["kind"], (-1, 0))
+        out["episode"], out["step"] = episode, step
+        return out
+
+    @property
+    def values(self):
+        """Kept values by member name (``values_obs_0``...), if the side kept them."""
+        out = {}
+        for p in self.pieces:
+            for name in p.lf.members:
+                if name.startswith("values_"):
+                    out.setdefault(name, []).append(np.asarray(p.lf.source(name).read(p.start, p.stop)))
+        return {name: np.concatenate(v) for name, v in out.items()}
+
+    def value_rows(self, field, index):
+        """The kept leaves of ``field`` ('obs' or 'act') at event ``index``, or None.
+
+        A value of another shape than its space's was kept as its encoding: its
+        own leaves are returned, with their own shapes.
+        """
+        if not self.meta.get(S.META_KEEP_VALUES):
+            return None
+        for p in self.pieces:
+            n = p.stop - p.start
+            if index < n:
+                row = p.start + index
+                encoded = encoded_value(p.lf, field, row)
+                if encoded is not None:
+                    return encoded
+                names = sorted((m for m in p.lf.members if m.startswith("values_%s_" % field)),
+                               key=lambda m: int(m.rsplit("_", 1)[1]))
+                return [np.asarray(p.lf.source(m).read(row, row + 1))[0] for m in names]
+            index -= n
+        return None
+
+
+def _encoded_offset(lf, field, row):
+    return encoded_offsets(lf, field, [row])[0]
+
+
+def encoded_value(lf, field, row):
+    """The leaves of event ``row``'s kept value if it was kept as its encoding, else None."""
+    name = S.ENCODED_LENGTH_MEMBER.format(field=field)
+    if name not in lf.members:
+        return None
+    length = int(np.asarray(lf.source(name).read(row, row + 1))[0])
+    if length == 0:
+        return None
+    if length > S.MAX_ENCODED_VALUE:
+        raise LedgerError("%s: the kept %s value of event %d declares %d bytes, more than a reader accepts (%d)"
+                          % (lf.path, field, row, length, S.MAX_ENCODED_VALUE))
+    start = _encoded_offset(lf, field, row)
+    data = np.asarray(lf.source(S.ENCODED_MEMBER.format(field=field)).read(start, start + length))
+    try:
+        return decode_leaves(data.tobytes())
+    except ValueError as exc:
+        raise LedgerError("%s: the kept %s value of event %d is damaged (%s)" % (lf.path, field, row, exc)) from None
+
+
+class Ledger:
+    """A ledger read back: ``meta`` (dict), ``streams`` (env index -> Stream),
+    ``partial`` (True when only spilled segments were found), ``paths``."""
+
+    def __init__(self, path, meta, streams, partial, files):
+        self.path, self.meta, self.streams, self.partial = path, meta, streams, partial
+        self._files = files
+        self._copy = None  # a URL's local copy: (TemporaryDirectory, local path, URL)
+        self.skipped = []     # env directory: (name, reason) of env ledgers left out (see read_ledger)
+        self.duplicates = []  # env directory: (name, env index, meta) of second recordings of an env
+        self.unindexed = []   # env directory: (name, meta, events, first events) of ledgers with no index
+
+    @property
+    def side(self):
+        return self.meta.get(S.META_SIDE)
+
+    def n_events(self):
+        return sum(len(s) for s in self.streams.values())
+
+    def verify(self, stream_ids=None):
+        """Check the CRC-32 of every member of the files holding ``stream_ids`` (default: every file).
+
+        Reading stops at the first difference, before the end of a member where
+        its checksum is checked: a report of a difference first verifies that
+        the bytes it came from are the bytes written. LedgerError if not.
+        """
+        files = self._files if stream_ids is None else \
+            {id(p.lf): p.lf for s in stream_ids if s in self.streams for p in self.streams[s].pieces}.values()
+        for lf in files:
+            lf.verify_all()
+
+    def close(self):
+        for lf in self._files:
+            lf.close()
+        if self._copy is not None:
+            self._copy[0].cleanup()
+
+    def rename(self, text):
+        """``text`` (an error message) with the local copy of a URL's ledger named by its URL."""
+        if self._copy is None:
+            return text
+        return text.replace(self._copy[1], self._copy[2])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<Ledger %s side=%s streams=%d events=%d%s>" % (
+            self.path, self.side, len(self.streams), self.n_events(), " partial" if self.partial else "")
+
+
+def _segments(path):
+    directory = spill_dir(path)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(glob.glob(os.path.join(directory, "seg-*.npz")))
+
+
+def leftovers(path):
+    """What lies next to the ledgers at ``path`` (a ledger file or a directory) and is not read as a ledger.
+
+    Temporary files of writes in progress or cut short (``NAME.tmp-PID-*``),
+    lock files (``NAME.lock``) and the spill segments of a ledger whose final
+    file is there (one entry for its spill directory, ``NAME.spill/``): (name
+    relative to the directory, why it is there). The next writer of a ledger
+    removes those its own killed predecessors left.
+    """
+    path = storage.local_path(os.fspath(path))
+    if storage.is_remote(path) or not os.path.exists(path):
+        return []
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    only = None if os.path.isdir(path) else os.path.basename(path)
+    out = []
+
+    def tmp_line(rel):
+        writer = processes.tmp_writer(rel)
+        if writer is not None and processes.running(*writer):
+            return rel, "a write in progress (process %d)" % writer[0]
+        return rel, "a write cut short (its process is gone): not a ledger; the next writer of this ledger removes it"
+
+    try:
+        entries = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if only is not None and not entry.startswith(only):
+            continue
+        full = os.path.join(directory, entry)
+        if S.TMP_INFIX in entry:
+            out.append(tmp_line(entry))
+        elif entry.endswith(S.LOCK_SUFFIX):
+            try:
+                with open(full) as f:
+                    holder = json.load(f)
+                pid, host = int(holder[S.META_PID]), holder.get(S.META_HOST)
+                start = holder.get(S.META_PID_START)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                out.append((entry, "a lock file that cannot be read"))
+                continue
+            alive = processes.running(pid, start, host)
+            name = entry[: -len(S.LOCK_SUFFIX)]
+            if alive:
+                out.append((entry, "process %d is recording %s" % (pid, name)))
+            elif alive is False:
+                out.append((entry, "left by process %d, which is gone; the next writer of %s takes it over"
+                            % (pid, name)))
+            else:
+                out.append((entry, "process %d on %s is recording %s, or was" % (pid, host, name)))
+        elif entry.endswith(".spill") and os.path.isdir(full):
+            final = full[: -len(".spill")]
+            segments = 0
+            for sub in sorted(os.listdir(full)):
+                if S.TMP_INFIX in sub:
+                    out.append(tmp_line(os.path.join(entry, sub)))
+                elif sub.startswith("seg-") and os.path.exists(final):
+                    segments += 1
+            if segments:  # one line for the directory: a killed run leaves one segment a flush
+                out.append((entry + "/", wording.spill_next_to_final(segments, os.path.basename(final))))
+    return out
+
+
+def _covering(files):
+    """The segments of one writer that are current: a merged segment covers the ones it replaced."""
+    covered = set()
+    for lf in files:
+        first = lf.meta.get(S.META_SEGMENT)
+        through = lf.meta.get(S.META_THROUGH)
+        if isinstance(first, int) and isinstance(through, int):
+            covered.update(range(first + 1, through + 1))
+    keep, drop = [], []
+    for lf in files:
+        (drop if lf.meta.get(S.META_SEGMENT) in covered else keep).append(lf)
+    return keep, drop
+
+
+def _newest_writer(files):
+    """Files of the recording that began last (an earlier run's left-overs lose); v1 files have no writer."""
+    by_writer = {}
+    for lf in files:
+        by_writer.setdefault(lf.meta.get(S.META_WRITER), []).append(lf)
+    if len(by_writer) == 1:
+        return files, []
+    newest = max(by_writer, key=lambda w: (by_writer[w][0].meta.get(S.META_STARTED) or 0, w or ""))
+    keep = by_writer.pop(newest)
+    return keep, [lf for group in by_writer.values() for lf in group]
+
+
+_CHANGING_FOR = 10.0  # seconds a ledger path may keep changing under the reader before it gives up
+
+
+def _read_one(path):
+    """Files of one ledger path: the final file, or its spilled segments if they are this run's and hold more.
+
+    A ledger being written changes under the reader: its segments are merged, or removed once the
+    final file is there. A file that vanishes between the listing and its opening is looked for again.
+    """
+    deadline = None
+    for attempt in itertools.count():
+        if attempt:
+            # Looked at again at once, then after a growing pause: a writer that spills and merges every few
+            # ms (the idle spiller) can change the files under each of several quick looks on a busy machine.
+            deadline = deadline or time.monotonic() + _CHANGING_FOR
+            if time.monotonic() > deadline:
+                break
+            if attempt > 1:
+                time.sleep(min(0.0005 * 2 ** attempt, 0.05))
+        seg_paths = _segments(path)
+        opened = []
+        has_final = os.path.exists(path)
+        listed = seg_paths + [path] if has_final else seg_paths
+        try:
+            final = LedgerFile(path) if has_final else None
+            if final is not None:
+                opened.append(final)
+            for p in seg_paths:
+                opened.append(LedgerFile(p))
+        except LedgerError:
+            for lf in opened:
+                lf.close()
+            if any(not os.path.exists(p) for p in listed):
+                continue  # a file seen a moment ago is gone (merged, or the ledger closed): look again
+            raise
+        if final is None and not seg_paths and (os.path.exists(path) or _segments(path)):
+            # Neither was there when looked at, one is now: the writer's first spill put its segment in
+            # place before it removed the final file (or close() wrote the final file before it removed
+            # the segments) between the two looks. Look again.
+            continue
+        return _choose(path, final, opened[1:] if final is not None else opened)
+    raise LedgerError("%s: keeps changing while it is read" % path)
+
+
+def _choose(path, final, segs):
+    seg_paths = segs
+    if seg_paths:
+        segs, stale = _newest_writer(segs)
+        segs, covered = _covering(segs)
+        for lf in stale + covered:
+            lf.close()
+        seg_events = sum(int(lf.offsets[-1]) for lf in segs)
+        use_segments = final is None
+        if final is not None:
+            fw, sw = final.meta.get(S.META_WRITER), segs[0].meta.get(S.META_WRITER)
+            if fw is not None and sw is not None and fw != sw:
+                # two recordings: the one that began last is this path's ledger now
+                use_segments = (segs[0].meta.get(S.META_STARTED) or 0) > (final.meta.get(S.META_STARTED) or 0)
+            else:
+                # one recording: its segments and the events it held in memory are always the whole
+                # stream, and a final file written before later spills holds fewer
+                use_segments = seg_events > int(final.offsets[-1])
+        if use_segments:
+            if final is not None:
+                final.close()
+            return segs, True
+        for lf in segs:
+            lf.close()
+    if final is None:
+        raise LedgerError("%s: no such file" % path)
+    return [final], False
+
+
+def _meta_key(meta):
+    """A file's settings: what two files of one ledger, or two env ledgers of one run, agree on. Spaces
+    only by what their values are digested over (sub-envs may differ in Box bounds, as
+    observation_mode="different" allows); not what names the file (writer, run, times: PER_FILE_META)."""
+    key = {k: v for k, v in meta.items() if k not in S.PER_FILE_META}
+    for name in (S.META_OBS_SPACE, S.META_ACT_SPACE):
+        if name in key:
+            key[name] = digest_signature(key[name])
+    return key
+
+
+def read(path):
+    """Read a ledger file, or every ``env-N.npz`` of an env directory.
+
+    A ledger whose process was killed before it wrote its final file is read
+    from its spilled segments, with ``partial`` set. Raises LedgerError with a
+    one-line message on anything that is not a readable ledger.
+    """
+    return read_ledger(path)
+
+
+def read_ledger(path, accept=None):
+    """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
+
+    ``accept`` returns None to read a file, or the reason it is left out (it is
+    then in ``ledger.skipped`` as (name, reason), and its settings are not
+    checked against the others). Files ``env-N.dup-*.npz``, written by a second
+    recording of env N at the same time, are in ``ledger.duplicates`` as
+    (name, N, meta) when accepted, else skipped. Files ``env-unindexed-*.npz``,
+    written by a LedgerEnv that had no index at its first event, are in
+    ``ledger.unindexed`` as (name, meta, events, its first events' columns)
+    when accepted, else skipped; they are never a stream.
+    """
+    path = storage.local_path(os.fspath(path))
+    if storage.is_remote(path):
+        return _read_url(path, accept)
+    if os.path.isdir(path) and not path.endswith(".spill"):
+        names, duplicates, unindexed = set(), [], set()
+        for entry in os.listdir(path):
+            m = _ENV_FILE.match(entry)
+            if m:
+                names.add(entry)
+            elif _DUP_FILE.match(entry):
+                duplicates.append(entry)
+            elif _UNINDEXED_FILE.match(entry):
+                unindexed.add(entry)
+            elif entry.endswith(".npz.spill") and _segments(os.path.join(path, entry[:-6])):
+                # an env killed before writing its ledger; one killed before its
+                # first complete segment left nothing to read, and is absent
+                if _ENV_FILE.match(entry[:-6]):
+                    names.add(entry[:-6])
+                elif _UNINDEXED_FILE.match(entry[:-6]):
+                    unindexed.add(entry[:-6])
+        if not names:
+            if unindexed:
+                raise LedgerError("%s: no env ledgers with an index (env-N.npz) in this directory, only %s, "
+                                  "recorded by LedgerEnvs that had no index at their first event: %s"
+                                  % (path, _named(sorted(unindexed)), wording.SET_INDEX_HOW))
+            raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
+        files, streams, meta, partial, skipped, dups = [], {}, None, False, [], []
+        origin = {}  # env index -> the file its stream was read from
+        for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
+            sub = _read_file(os.path.join(path, name))
+            reason = accept(sub.meta, name) if accept else None
+            if reason:
+                skipped.append((name, reason))
+                sub.close()
+                continue
+            files += sub._files
+            partial |= sub.partial
+            if meta is None:
+                meta = sub.meta
+            elif _meta_key(sub.meta) != _meta_key(meta):
+                raise LedgerError("%s: %s was recorded with other settings than the other env ledgers"
+                                  % (path, name))
+            for idx, stream in sub.streams.items():
+                if idx in streams:
+                    raise LedgerError("%s: env %d appears in more than one file (%s and %s)"
+                                      % (path, idx, origin[idx], name))
+                streams[idx], origin[idx] = stream, name
+        for name in sorted(duplicates):
+            try:
+                with _read_file(os.path.join(path, name)) as sub:
+                    dup_meta = dict(sub.meta)
+            except LedgerError:
+                continue  # a second recording cut short: nothing to name
+            reason = accept(dup_meta, name) if accept else None
+            if reason:
+                skipped.append((name, reason))
+            else:
+                dups.append((name, int(_DUP_FILE.match(name).group(1)), dup_meta))
+        lost = []
+        for name in sorted(unindexed):
+            with _read_file(os.path.join(path, name)) as sub:
+                reason = accept(sub.meta, name) if accept else None
+                if reason:
+                    skipped.append((name, reason))
+                    continue
+                stream = next(iter(sub.streams.values()), None)
+                n = len(stream) if stream is not None else 0
+                first = {k: np.asarray(v) for k, v in _first_rows(stream).items()} if n else None
+                lost.append((name, dict(sub.meta), n, first))
+        if meta is None:
+            ledger = Ledger(path, {}, {}, False, [])
+        else:
+            ledger = Ledger(path, meta, dict(sorted(streams.items())), partial, files)
+        ledger.skipped, ledger.duplicates, ledger.unindexed = skipped, dups, lost
+        return ledger
+    return _read_file(path)
+
+
+FIRST_EVENTS = 4096  # events of a stream compared when looking for the trainer stream it matches
+
+
+def _first_rows(stream):
+    """The first events of a stream (at most FIRST_EVENTS), as columns."""
+    parts = {n: [] for n in S.EVENT_COLUMN_NAMES}
+    got = 0
+    for chunk in stream.chunks(size=FIRST_EVENTS):
+        for n in parts:
+            parts[n].append(np.asarray(chunk[n])[: FIRST_EVENTS - got])
+        got += len(parts["kind"][-1])
+        if got >= FIRST_EVENTS:
+            break
+    return {n: np.concatenate(v) for n, v in parts.items()}
+
+
+def _named(names):
+    return ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
+
+
+def _read_file(path):
+    files, partial = _read_one(path)
+    meta = dict(files[-1].meta)  # the newest file says how far the recording got and which run it is
+    meta.pop(S.META_SEGMENT, None)
+    meta.pop(S.META_THROUGH, None)
+    pieces = {}
+    for lf in files:
+        if _meta_key(lf.meta) != _meta_key(files[0].meta):
+            raise LedgerError("%s: its spilled segments disagree on their settings" % lf.path)
+        for k, s in enumerate(lf.stream_ids):
+            pieces.setdefault(s, []).append(_Piece(lf, int(lf.offsets[k]), int(lf.offsets[k + 1])))
+    streams = {s: Stream(s, ps, meta) for s, ps in sorted(pieces.items())}
+    return Ledger(path, meta, streams, partial, files)
+
+
+def _read_url(url, accept=None):
+    """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
+
+    The copy is removed when the Ledger is closed. Error messages name the URL.
+    """
+    url = url.rstrip("/") if not url.endswith("://") else url
+    tmp = tempfile.TemporaryDirectory(prefix="stepledger-read-")
+    local = tmp.name
+    try:
+        if storage.isdir(url):
+            if url.endswith(".spill"):
+                raise LedgerError("%s: is a directory, not a ledger file" % url)
+            local = os.path.join(tmp.name, "ledger")
+            os.makedirs(local)
+            copies = []  # fetched together: object stores download them concurrently
+            for name in storage.listdir(url):
+                if _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name):
+                    copies.append((storage.join(url, name), os.path.join(local, name)))
+                elif name.endswith(".npz.spill") and (_ENV_FILE.match(name[:-6]) or _UNINDEXED_FILE.match(name[:-6])):
+                    copies += _segment_copies(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
+            storage.fetch_all(copies)
+        else:
+            local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
+            storage.fetch(url, local)
+            storage.fetch_all(_segment_copies(url, local))
+        ledger = read_ledger(local, accept)
+    except LedgerError as exc:
+        tmp.cleanup()
+        raise type(exc)(str(exc).replace(local, url)) from None
+    except BaseException:
+        tmp.cleanup()
+        raise
+    ledger.path = url
+    ledger._copy = (tmp, local, url)
+    return ledger
+
+
+def _segment_copies(url, local):
+    """(URL, local path) of each spill segment of the ledger ``url`` (``url.spill/seg-*.npz``), next to its copy."""
+    directory = spill_dir(url)
+    return [(storage.join(directory, name), os.path.join(spill_dir(local), name))
+            for name in storage.listdir(directory) if fnmatch.fnmatch(name, "seg-*.npz")]
+
+
+# ---------------------------------------------------------------- several trainer files
+
+_PATTERN = re.compile(r"[*?\[]")
+
+
+def env_index_of(name):
+    """The env index an env ledger's file name gives (``env-3.npz``, ``env-3.dup-*.npz``), else None."""
+    m = _ENV_FILE.match(name) or _DUP_FILE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _trainer_name(name):
+    """A file name a trainer ledger may have, from a glob or a directory: ``*.npz``, not an env ledger's
+    name, not a temporary file."""
+    return name.endswith(".npz") and S.TMP_INFIX not in name and not (
+        _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name))
+
+
+def _ledgers_in(directory, names, match):
+    """The ledger paths among ``names`` (entries of ``directory``) that ``match`` accepts: files ``*.npz``,
+    and ledgers that are only spill segments (``NAME.npz.spill/``, a writer killed before its final file)."""
+    found = set()
+    remote = storage.is_remote(directory)
+    for name in names:
+        base = name[: -len(".spill")] if name.endswith(".npz.spill") else name
+        if not _trainer_name(base) or not match(base):
+            continue
+        if base != name:
+            spill = storage.join(directory, name)
+            if not (storage.listdir(spill) if remote else _segments(os.path.join(directory, base))):
+                continue
+        found.add(base)
+    return [storage.join(directory, n) if remote else os.path.join(directory, n) for n in sorted(found)]
+
+
+def trainer_paths(spec):
+    """What a compare argument names as trainer ledgers: [(path, strict)].
+
+    ``spec`` is a ledger file or URL, a glob of them (``ledger/trainer-*.npz``;
+    at a URL only the file name part may be a pattern), a directory of them,
+    or a list or tuple of any of these. From a glob or a directory, env-side
+    ledgers by their names (``env-N.npz``...) are not taken, and a ledger
+    killed before its final file is found by its spill segments; ``strict``
+    is False for those found so, whose other sides and unreadable files are
+    passed over with a line rather than refused. LedgerError if one names
+    nothing.
+    """
+    specs = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not specs:
+        raise LedgerError("no trainer ledger given")
+    out, seen = [], set()
+    for item in specs:
+        if not isinstance(item, (str, os.PathLike)):
+            raise LedgerError("a trainer ledger must be a path, a glob or a URL, got %r" % (item,))
+        text = storage.local_path(os.fspath(item))
+        remote = storage.is_remote(text)
+        if _PATTERN.search(text.rsplit("/", 1)[-1] if remote else text) and not (
+                storage.exists(text) if remote else os.path.exists(text) or os.path.exists(text + ".spill")):
+            if remote:
+                parent, pattern = text.rsplit("/", 1)
+                paths = _ledgers_in(parent, storage.listdir(parent),
+                                    lambda n: fnmatch.fnmatchcase(n, pattern))
+            else:
+                names = glob.glob(text) + [p[: -len(".spill")] for p in glob.glob(text + ".spill")]
+                paths = [p for p in sorted(set(names)) if _trainer_name(os.path.basename(p))
+                         and (os.path.isfile(p) or _segments(p))]
+            if not paths:
+                raise LedgerError("%s: no trainer ledgers match this pattern" % text)
+            found = [(p, False) for p in paths]
+        elif (storage.isdir(text) if remote else os.path.isdir(text)) and not text.rstrip("/").endswith(".spill"):
+            directory = text.rstrip("/") if remote else text
+            names = storage.listdir(directory) if remote else os.listdir(directory)
+            paths = _ledgers_in(directory, names, lambda n: True)
+            if not paths:
+                raise LedgerError("%s: no trainer ledgers (*.npz other than env-N.npz) in this directory" % text)
+            found = [(p, False) for p in paths]
+        else:
+            found = [(text, True)]
+        for p, strict in found:
+            key = p if storage.is_remote(p) else os.path.realpath(p)
+            if key not in seen:
+                seen.add(key)
+                out.append((p, strict))
+    return out
+
+
+def read_trainers(spec):
+    """Read every trainer ledger ``spec`` names (see trainer_paths): ([(name, Ledger)], [lines of files passed over]).
+
+    ``name`` is the file's base name, or its path where two share a base name.
+    """
+    paths = trainer_paths(spec)
+    ledgers, passed = [], []
+    try:
+        for p, strict in paths:
+            try:
+                led = read_ledger(p)
+            except LedgerError as exc:
+                if strict:
+                    raise
+                why = str(exc)
+                why = why[len(str(p)) + 2:] if why.startswith(str(p) + ": ") else why
+                passed.append("%s: not read as a trainer ledger (%s)" % (p, why))
+                continue
+            if led.side != "trainer":
+                led.close()
+                if strict:
+                    raise LedgerError("%s: not a trainer-side ledger (side %r)" % (p, led.side))
+                passed.append("%s: not read as a trainer ledger (an %s-side ledger)" % (p, led.side))
+                continue
+            ledgers.append((p, led))
+        if not ledgers:
+            named = ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
+            raise LedgerError("%s: no trainer ledger there can be read (%s)" % (named, "; ".join(passed[:2])))
+    except BaseException:
+        for _, led in ledgers:
+            led.close()
+        raise
+    bases = [str(p).rstrip("/").rsplit("/", 1)[-1] for p, _ in ledgers]
+    named = [(b if bases.count(b) == 1 else str(p), led) for b, (p, led) in zip(bases, ledgers)]
+    return named, passed
+
+
+def fragments_of(name, stream):
+    """[(offset, row), ...] of a trainer stream that holds slices of its env's stream (META_FRAGMENTS), or None."""
+    found = stream.meta.get(S.META_FRAGMENTS)
+    pairs = found.get(str(stream.index)) if isinstance(found, dict) else None
+    if pairs is None:
+        return None
+    ok = isinstance(pairs, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and v >= 0 for v in p) for p in pairs)
+    if not ok or [p[1] for p in pairs] != sorted(p[1] for p in pairs):
+        raise LedgerError("%s: the fragments of env %d in its meta are damaged (%s)" % (name, stream.index,
+                                                                                       json.dumps(pairs)[:80]))
+    return [tuple(p) for p in pairs]
+
+
+def _rows_of(stream, start, stop):
+    """The pieces of rows [start, stop) of a stream."""
+    out, at = [], 0
+    for p in stream.pieces:
+        n = p.stop - p.start
+        lo, hi = max(start, at), min(stop, at + n)
+        if lo < hi:
+            out.append(_Piece(p.lf, p.start + lo - at, p.start + hi - at))
+        at += n
+    return out
+
+
+def stitch(idx, parts):
+    """One env's trainer stream from the slices of it that several trainer files hold: (Stream, lines, overlap).
+
+    ``parts`` is [(file name, Stream)], each stream with its fragments (``fragments_of``). The slices are
+    put in the order of their offsets. Where they leave a gap (events no file holds), a line names the env,
+    the files and the events; where every file holding the env was closed cleanly, the slices stay as the
+    learners had them, so compare reports the difference that makes at its event; where one was not (a
+    learner killed), the stream ends at the gap. Events that two files hold (an overlap) are kept once, from
+    the slice that comes first, so that the stream stays in step with the env's; ``overlap`` is the first
+    one, (first event, last event, the file before, the file that holds them again), or None, and compare
+    reports it at its first event.
+    """
+    slices = []
+    for name, stream in parts:
+        pairs = fragments_of(name, stream) or [(0, 0)]
+        n = len(stream)
+        for k, (offset, row) in enumerate(pairs):
+            stop = min(pairs[k + 1][1] if k + 1 < len(pairs) else n, n)
+            if row < stop:
+                slices.append((offset, stop - row, name, stream, row))
+    slices.sort(key=lambda x: (x[0], x[1]))
+    closed = all(s.meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED for _, s in parts)
+    pieces, lines, at, before, overlap = [], [], 0, None, None
+    for offset, count, name, stream, row in slices:
+        if offset > at:
+            lines.append(wording.slices_do_not_tile(idx, at, offset - 1, before, name, True))
+            if not closed:
+                break
+        skip = max(at - offset, 0)  # events already in the stream, from the slice before: kept once
+        if skip and overlap is None:
+            overlap = (offset, offset + min(skip, count) - 1, before, name)
+        if skip < count:
+            pieces += _rows_of(stream, row + skip, row + count)
+            at, before = offset + count, name
+    meta = next((s.meta for _, s in parts if s.meta.get(S.META_STATE, S.STATE_CLOSED) != S.STATE_CLOSED),
+                parts[0][1].meta)
+    return Stream(idx, pieces, meta), lines, overlap
+
+
+class MergedLedger(Ledger):
+    """Several trainer ledgers read as one: each stream from the file that holds it (``source[env]``), or
+    stitched from the slices several files hold (``stitch``; its lines in ``lines``, the first overlap of
+    each env's slices in ``overlaps[env]``)."""
+
+    def __init__(self, path, named):
+        first = named[0][1]
+        streams, source, files, sliced = {}, {}, [], {}
+        for name, led in named:
+            files += led._files
+            for idx, stream in led.streams.items():
+                if len(stream) and fragments_of(name, stream) is not None:
+                    sliced.setdefault(idx, []).append((name, stream))
+                if idx not in streams or (len(stream) and not len(streams[idx])):
+                    streams[idx], source[idx] = stream, name
+        self.lines, self.overlaps = [], {}
+        self.holders = {idx: [name] for idx, name in source.items()}  # env -> the files holding its stream
+        for idx, parts in sorted(sliced.items()):
+            streams[idx], lines, overlap = stitch(idx, parts)
+            source[idx], self.holders[idx] = parts[0][0], [name for name, _ in parts]
+            self.lines += lines
+            if overlap is not None:
+                self.overlaps[idx] = overlap
+        super().__init__(path, first.meta, dict(sorted(streams.items())), any(led.partial for _, led in named),
+                         files)
+        self.named = named
+        self.source = source
+
+    def close(self):
+        for _, led in self.named:
+            led.close()
+
+    def rename(self, text):
+        for _, led in self.named:
+            text = led.rename(text)
+        return text

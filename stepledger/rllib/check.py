@@ -1,0 +1,75 @@
+"""``check_rllib``: the check's fault matrix on short RLlib PPO runs (``stepledger check --trainer rllib``)."""
+
+import os
+
+
+from stepledger.faults.check import clean_steps, faults_from, no_opportunity, run_check
+from stepledger.faults.engine import ENV_SIDE_FAULTS, check_fault, read_record
+from stepledger.format import storage
+from stepledger.report.compare import compare
+from stepledger.rllib.faults import CONNECTOR_FAULTS, inject
+from stepledger.rllib.instrument import TRAINER_FILE, instrument
+
+def _ppo_config(env_id, max_episode_steps, runners, envs, batch, seed):
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    env_config = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    return (PPOConfig()
+            .environment(env_id, env_config=env_config)
+            .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs,
+                         num_cpus_per_env_runner=0.25 if runners else 1)
+            .training(train_batch_size_per_learner=batch, minibatch_size=min(batch, 128), num_epochs=1)
+            .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))
+            .debugging(seed=seed, log_level="ERROR"))
+
+
+def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1, batch=400, at=5, target=None,
+                max_episode_steps=20, place="wrapper", seed=0, directory=None, keep=False, progress=None):
+    """``check_boundary`` on RLlib: short PPO runs of ``env_id`` (one clean, one per fault) on env runners with
+    both ledgers in, each fault injected by ``inject`` at env ``target`` (default: the last one); returns a
+    ``stepledger.check.CheckReport``. Starts a local Ray (``ray.init()``) unless one is running, and shuts
+    down what it started."""
+    import ray
+
+
+    allowed = ENV_SIDE_FAULTS if place == "wrapper" else CONNECTOR_FAULTS
+    faults = [check_fault(f, allowed, "check_rllib") for f in faults]
+    n_envs = envs * max(runners, 1)
+    target = n_envs - 1 if target is None else int(target)
+    if not 0 <= target < n_envs:
+        raise ValueError("check_rllib: target must be an env index below %d (runners x envs), got %r"
+                         % (n_envs, target))
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+
+    def one(sub, fault):
+        config = instrument(_ppo_config(env_id, max_episode_steps, runners, envs, batch, seed), sub)
+        record = os.path.join(sub, "fault.json")
+        if fault is not None:
+            inject(config, fault, env=target, at=at, record=record, place=place)
+        algo = config.build_algo()
+        try:
+            for _ in range(iterations):
+                algo.train()
+        finally:
+            algo.stop()
+        return compare(sub, storage.join(sub, TRAINER_FILE)), read_record(record) if fault else None
+
+    def opportunity(fault, clean_dir):
+        reason, _ = no_opportunity(fault, *clean_steps(clean_dir, target), at, target, lambda: max_episode_steps)
+        return reason, None  # RLlib runs are sized in iterations, not vector steps
+
+    try:
+        return run_check(one, faults, opportunity, directory, keep, progress=progress, prefix="stepledger-check-rllib-")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def check_from_cli(args, progress):
+    """``stepledger check --trainer rllib``: check_rllib on ``args.env_id``."""
+    allowed = CONNECTOR_FAULTS if args.place == "connector" else ENV_SIDE_FAULTS
+    return check_rllib(args.env_id, faults=faults_from(args.faults, allowed), runners=args.runners, envs=args.num_envs,
+                       iterations=args.iterations, max_episode_steps=args.max_episode_steps, place=args.place,
+                       directory=args.dir, keep=args.keep, progress=progress)

@@ -1,0 +1,103 @@
+"""RLlib's fault injector: ``inject(config, fault, ...)``, by a Gymnasium wrapper outside ``LedgerEnv`` in the
+env runners (``place="wrapper"``) or by an env-to-module connector piece (``place="connector"``), over the
+library-free ``stepledger.faults.FaultEngine``."""
+
+import functools
+import os
+
+
+from stepledger.errors import SettingsError
+from stepledger.faults.engine import ENV_SIDE_FAULTS, FaultEngine, check_fault
+from stepledger.format import storage
+from stepledger.rllib.instrument import TAG, creator_of
+
+PLACES = ("wrapper", "connector")
+CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious")
+
+
+def _faulty_connector_class():
+    from ray.rllib.connectors.connector_v2 import ConnectorV2
+
+    class FaultyEnvToModule(ConnectorV2):
+        """An env-to-module connector piece that changes the episode's latest obs, reward or end flag once:
+        at the first step of env ``env_index`` at or after its ``at``-th step (over the env's life) where the
+        change changes something. It runs in the env runner, after the env stepped, before the episode
+        leaves it: the env's ledger keeps what the env gave, the episode what the connector made of it.
+        The fault kit's ``FaultEngine`` decides where and how, and records where it struck; this piece tells
+        it each reset and step of the env's episodes, and writes what it returns into the episode."""
+
+        def __init__(self, input_observation_space=None, input_action_space=None, *, fault, env_index, at=10,
+                     record=None, **kwargs):
+            super().__init__(input_observation_space, input_action_space, **kwargs)
+            self.env_index = int(env_index)
+            self.engine = FaultEngine(fault, at=at, target=self.env_index, record=record, allowed=CONNECTOR_FAULTS,
+                                      owner="stepledger.rllib.inject")
+            self._id, self._last_t = None, None
+
+        def __call__(self, *, rl_module, batch, episodes, **kwargs):
+            if self.engine.first is not None:
+                return batch
+            for ep in episodes:
+                if ep.custom_data.get(TAG) != self.env_index:
+                    continue
+                if self._id != ep.id_:  # a new episode: it starts with its reset
+                    self._id, self._last_t = ep.id_, ep.t_started
+                    self.engine.reset(self.env_index, ep.get_observations(0))
+                if ep.t == self._last_t:
+                    continue  # not stepped since the last call
+                self._last_t = ep.t
+                obs, reward = ep.get_observations(-1), ep.get_rewards(-1)
+                new = self.engine.step(self.env_index, obs, reward, ep.is_terminated, ep.is_truncated)
+                if new[0] is not obs:
+                    ep.set_observations(new_data=new[0], at_indices=-1)
+                if new[1] is not reward:
+                    ep.set_rewards(new_data=float(new[1]), at_indices=-1)
+                if new[2] and not ep.is_done:
+                    ep.is_terminated = True
+            return batch
+
+    return FaultyEnvToModule
+
+
+def inject(config, fault, *, env=0, at=10, record=None, place="wrapper"):
+    """Put one boundary fault into an instrumented RLlib config, to prove that its ledgers catch it.
+
+    Args:
+        config: a config that ``instrument`` returned.
+        fault: with ``place="wrapper"``, any of the fault kit's env-side faults (stepledger.faults); with
+            ``place="connector"``, one of ``CONNECTOR_FAULTS``.
+        env: the global index of the env that is hit.
+        at: the fault takes the first opportunity after this many steps of that env.
+        record: a local JSON file where the injector writes where it struck (env, episode, step, fault,
+            field), for ``stepledger.faults.read_record``.
+        place: ``"wrapper"``: a gym wrapper (``FaultyEnv``) outside ``LedgerEnv`` in every sub-env;
+            ``"connector"``: an env-to-module connector piece, after the user's own, that edits the episode.
+    """
+    creator = creator_of(config.env)
+    if creator is None:
+        raise SettingsError("stepledger.rllib.inject: call stepledger.rllib.instrument(config, path) first")
+    if place not in PLACES:
+        raise ValueError("stepledger.rllib.inject: place must be one of %s, got %r" % (", ".join(PLACES), place))
+    if record is not None and storage.is_remote(os.fspath(record)):
+        raise ValueError("stepledger.rllib.inject: record must be a local file")
+    record = None if record is None else os.path.abspath(os.fspath(record))
+    if place == "wrapper":
+        check_fault(fault, ENV_SIDE_FAULTS, "stepledger.rllib.inject")
+        creator.fault = dict(fault=fault, env_index=int(env), at=int(at), record=record)
+        return config
+    check_fault(fault, CONNECTOR_FAULTS, "stepledger.rllib.inject")
+    user = config._env_to_module_connector
+    config.env_runners(env_to_module_connector=functools.partial(
+        _with_faulty_connector, user, dict(fault=fault, env_index=int(env), at=int(at), record=record)))
+    return config
+
+
+def _with_faulty_connector(user, settings, env=None, spaces=None, device=None):
+    pieces = []
+    if user is not None:
+        got = user(env, spaces, device)
+        pieces = list(got) if isinstance(got, (list, tuple)) else [got]
+    return pieces + [_faulty_connector_class()(**settings)]
+
+
+# ---------------------------------------------------------------- stepledger check --trainer rllib

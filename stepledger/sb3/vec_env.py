@@ -1,0 +1,188 @@
+"""The trainer side for Stable-Baselines3: ``LedgerVecEnv``, innermost around the VecEnv.
+
+Needs the ``[sb3]`` extra: ``pip install "plugrl-stepledger[sb3]"``.
+"""
+
+import numpy as np
+
+try:
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
+except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
+    raise ImportError("stepledger.sb3 needs stable-baselines3: pip install \"plugrl-stepledger[sb3]\" "
+                      "(or pip install stable-baselines3)") from exc
+
+from stepledger.format.schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
+from stepledger.recording.live import BoundaryFault
+from stepledger.recording.placement import slot_infos, warn_inner_wrappers
+from stepledger.recording.trainer import DONE_FLAGS, TrainerLedger, WritesTrainerLedger
+
+__all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
+
+_TIME_LIMIT = "TimeLimit.truncated"
+_TERMINAL_OBS = "terminal_observation"
+
+
+class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
+    """Records what an SB3 trainer sent and received through a VecEnv.
+
+    Place it innermost: directly around SubprocVecEnv or DummyVecEnv, inside
+    VecNormalize, VecFrameStack and VecMonitor. It takes the actions in
+    ``step_async``; on a done it records the step with
+    ``infos[i]["terminal_observation"]`` and truncated =
+    ``infos[i]["TimeLimit.truncated"]``, then the reset. It writes one file
+    with every env's stream on ``close()``, ``flush()`` and at exit.
+
+    :param venv: the VecEnv to record.
+    :param path: the trainer ledger file to write: a path, or an fsspec URL.
+    :param reward_dtype: np.float32 (default) or np.float64; the same on both sides.
+    :param keep_values: also keep observations and actions; the same on both sides.
+    :param live: check each env's live token (from ``LedgerEnv(live=True)``) as it arrives: the step's in
+        ``infos[i]``, the reset's in the VecEnv's ``reset_infos[i]`` (``stepledger.pettingzoo``'s under SuperSuit:
+        in the ending step's ``infos[i]``, a key of its own). With ``path=None`` no file is written.
+    :param on_fault: with live, what a mismatch does: "raise" a BoundaryFault (default), "warn", "record"
+        (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
+    :param keep_tokens: leave the tokens in the infos (by default they are removed).
+    :param flush_interval: seconds between periodic spills to disk (default 5).
+    :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
+        that changes values on purpose sits between this ledger and the VecEnv (or around LedgerEnv in a
+        DummyVecEnv's envs); False if you mean it.
+    :param streams: the env stream each env of the VecEnv carries (default env i: stream i); for SuperSuit's
+        vector envs of a PettingZoo env, the (env copy, agent) map ``stepledger.pettingzoo.slot_map`` gives.
+    """
+
+    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
+                 keep_tokens=False, check_wrappers=True, flush_interval=None, streams=None):
+        super().__init__(venv)
+        warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
+        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
+                                    autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values,
+                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
+                                    flush_interval=flush_interval, streams=streams, owner="LedgerVecEnv")
+        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
+        self._link_envs()
+        self.live = bool(live)
+
+    @property
+    def ledger_path(self):
+        """Where the trainer ledger is written (None in live-only mode)."""
+        return self.ledger.path
+
+    def _link_envs(self):
+        """Tell each env-side ledger the run and its position (see vector.link_envs), one env at a time:
+        SB3's set_attr gives every env the same value, so this goes through each env's set_wrapper_attr."""
+        if self.ledger.run is None or type(self.venv) not in (DummyVecEnv, SubprocVecEnv):
+            return
+        try:
+            for i, link in enumerate(self.ledger.links()):
+                self.venv.env_method("set_wrapper_attr", LINK_ATTR, link, indices=[i])
+        except Exception:
+            pass
+
+    @property
+    def live_faults(self):
+        """The boundary faults the live check has found so far (BoundaryFault objects)."""
+        return self.ledger.live_faults
+
+    def set_on_fault(self, on_fault):
+        """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
+        self.ledger.set_on_fault(on_fault)
+
+    def _inner_reset_infos(self):
+        # the innermost VecEnv fills reset_infos; wrappers in between keep lists of their own (SuperSuit's
+        # SB3 wrapper fills its own: what it wraps is no SB3 VecEnv)
+        infos = getattr(getattr(self.venv, "unwrapped", self.venv), "reset_infos", None)
+        return self.venv.reset_infos if infos is None else infos
+
+    @property
+    def reset_infos(self):
+        """The inner VecEnv's reset infos: SB3's VecEnvWrapper keeps its own empty list instead."""
+        return self.venv.reset_infos
+
+    @reset_infos.setter
+    def reset_infos(self, value):
+        pass  # VecEnv.__init__ assigns an empty list; the inner VecEnv's list is the one it fills
+
+    def reset(self):
+        try:
+            obs = self.venv.reset()
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self.ledger.interrupted()
+            raise
+        led = self.ledger
+        led.reset(obs)
+        if self.live:
+            # each env's first event is this reset: its settings come with it
+            infos = slot_infos(self.venv, self._inner_reset_infos())
+            led.check_settings(led.tokens(infos, SETTINGS_KEY))
+            tokens = led.tokens(infos, RESET_TOKEN_KEY)  # stepledger.pettingzoo's reset tokens have their own key
+            led.check_tokens(tokens if any(tokens) else led.tokens(infos))
+        return obs
+
+    def step_async(self, actions):
+        # SB3's VecEnvs send env i actions[i]: a row of an array, or the i-th dict or
+        # tuple of a list. Each is digested as its env will receive it, before it is sent.
+        self.ledger.actions_per_env(actions)
+        self.venv.step_async(actions)
+
+    def step_wait(self):
+        try:
+            obs, rewards, dones, infos = self.venv.step_wait()
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
+            self.ledger.interrupted()
+            raise
+        led = self.ledger
+        led.step_dones(obs, rewards, dones, infos, _TERMINAL_OBS, _TIME_LIMIT)
+        if self.live:
+            steps = led.tokens(infos)
+            resets = None
+            if led.ended:
+                # stepledger.pettingzoo's: SuperSuit merges an autoreset's info into the ending step's (and
+                # never refreshes reset_infos then)
+                resets = led.tokens(infos, RESET_TOKEN_KEY)
+                if not any(resets):
+                    resets = led.tokens(self._inner_reset_infos())
+            led.check_tokens(steps, steps, resets)
+        return obs, rewards, dones, infos
+
+
+
+class StopOnBoundaryFault(BaseCallback):
+    """Stops ``learn()`` cleanly at the first boundary fault the live check finds.
+
+    The run's LedgerVecEnv must have ``live=True``; the callback makes it
+    keep faults instead of raising them, and ends training after the step
+    where the first one was seen, so the model and logs up to that step can
+    be saved. The fault is in ``callback.fault``.
+
+    Example::
+
+        venv = LedgerVecEnv(SubprocVecEnv(fns), None, live=True)
+        stop = StopOnBoundaryFault()
+        model.learn(1_000_000, callback=stop)
+        if stop.fault:
+            print(stop.fault)  # env 2, episode 14, step 101: reward differs (...)
+    """
+
+    def __init__(self, verbose=0):
+        super().__init__(verbose)
+        self.fault = None
+        self.ledger = None
+
+    def _init_callback(self):
+        env = self.training_env
+        while env is not None and not isinstance(env, LedgerVecEnv):
+            env = getattr(env, "venv", None)
+        if env is None or not env.live:
+            raise ValueError("StopOnBoundaryFault: the model's VecEnv has no LedgerVecEnv(..., live=True) in it")
+        self.ledger = env
+        env.set_on_fault("record")
+
+    def _on_step(self):
+        faults = self.ledger.live_faults
+        if faults:
+            self.fault = faults[0]
+            if self.verbose:
+                print("stepledger: stopping training at a boundary fault: %s" % self.fault)
+            return False
+        return True
