@@ -9,8 +9,8 @@ import os
 
 from stepledger.errors import LedgerError
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PLACES = (os.path.join(_HERE, "docs"), os.path.join(os.path.dirname(_HERE), "docs"))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stepledger/
+_PLACES = (os.path.join(_PACKAGE, "docs"), os.path.join(os.path.dirname(_PACKAGE), "docs"))
 
 
 def _directory():
