@@ -1,6 +1,6 @@
 """Detection under training: SB3 PPO with each boundary fault, caught and located by the step ledger?
 
-The PPO version of tests/test_detection_matrix.py, and of the step-ledger
+The PPO version of tests/faults/test_detection_matrix.py, and of the step-ledger
 column of the paper's Fig. 6 (E55: all 189 boundary-fault runs on Pendulum,
 21 faults x 3 doses x seeds 0-2, caught and located). For each fault in
 stepledger.faults.FAULTS, each dose (one value, 1% of values, every value)

@@ -18,7 +18,7 @@ ledgers.
     python benchmarks/rllib_overhead.py            # CartPole-v1 and Pendulum-v1, writes RESULTS.md
     python benchmarks/rllib_overhead.py --quick    # a smoke run, writes nothing
 
-Needs Ray RLlib (Ray 2.60 pins gymnasium 1.2.2: run it in a venv of its own, as tests/test_rllib_venv.py
+Needs Ray RLlib (Ray 2.60 pins gymnasium 1.2.2: run it in a venv of its own, as tests/rllib/test_rllib_venv.py
 builds).
 """
 

@@ -1,7 +1,7 @@
 """The pure-Python core: the readable reference for the compiled one.
 
 ``_core.pyx`` implements the same names with the same results, bit for bit;
-``tests/test_core_parity.py`` holds the two to that. Set
+``tests/core/test_core_parity.py`` holds the two to that. Set
 ``STEPLEDGER_PUREPYTHON=1`` to use this module even where the compiled core is
 built.
 

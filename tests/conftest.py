@@ -7,6 +7,9 @@ import sys
 import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# the helper modules beside this file (ending_harness, side_venv, ...) are imported by the tests in tests/<group>/
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
 
 
 def _run_python(code, env_vars=None, timeout=120):

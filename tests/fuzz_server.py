@@ -1,6 +1,6 @@
 """Runs reading commands on ledger files, each in its own forked process, for the fuzzer.
 
-Started by tests/test_fuzz_ledgers.py as ``python fuzz_server.py``. It imports
+Started by tests/format/test_fuzz_ledgers.py as ``python fuzz_server.py``. It imports
 stepledger once, then reads one JSON request a line on stdin and answers one
 JSON line on stdout per request, in order:
 

@@ -1,4 +1,4 @@
-"""One short RLlib PPO run with the ledgers in, as a subprocess of tests/test_rllib.py (so that each run has a
+"""One short RLlib PPO run with the ledgers in, as a subprocess of tests/rllib/test_rllib.py (so that each run has a
 timeout and a run can be killed).
 
     python tests/rllib_harness.py SPEC_JSON    (a spec, or a list of them: one Ray session, run in turn)

@@ -44,10 +44,26 @@ def _lock(f, take):
     fcntl.flock(f, fcntl.LOCK_EX if take else fcntl.LOCK_UN)
 
 
+def _install(python, args, timeout):
+    """``pip install`` of ``args`` (a list), or of the first of the alternatives ``args`` (a tuple of lists)
+    that installs; raises the last failure's CalledProcessError where none does."""
+    failure = None
+    for one in (args if isinstance(args, tuple) else (args,)):
+        try:
+            subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *one],
+                           check=True, capture_output=True, text=True, timeout=timeout)
+            return
+        except subprocess.CalledProcessError as exc:
+            failure = exc
+    raise failure
+
+
 def cached_venv(venv, marker, what, installs, version, expected, install_timeout=600):
     """The Python of the venv at ``venv``, built with ``pip install`` of each list in ``installs`` in turn
-    unless ``marker`` is there and ``version(python)`` gives ``expected``. Skips the test, with the reason,
-    where it cannot be built (no package index); fails where it was built but imports another version."""
+    unless ``marker`` is there and ``version(python)`` gives ``expected``; an item of ``installs`` that is a
+    tuple of lists holds alternatives, tried in order until one installs (the oldest NumPy that has a wheel,
+    say). Skips the test, with the reason, where it cannot be built (no package index); fails where it was
+    built but imports another version."""
     python, marker = python_in(venv), os.path.join(venv, marker)
     with open(venv + ".lock", "w") as lock:
         _lock(lock, True)
@@ -59,8 +75,7 @@ def cached_venv(venv, marker, what, installs, version, expected, install_timeout
                 subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, text=True,
                                timeout=180)
                 for args in installs:
-                    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                                   check=True, capture_output=True, text=True, timeout=install_timeout)
+                    _install(python, args, install_timeout)
             except subprocess.CalledProcessError as exc:
                 shutil.rmtree(venv, ignore_errors=True)
                 tail = (exc.stderr or exc.stdout or "").strip().splitlines()[-1:] or ["no output"]

@@ -1,10 +1,11 @@
 """stepledger.rllib on a real local Ray cluster (``ray.init(num_cpus=2)``): short PPO runs, each in a subprocess
 (tests/rllib_harness.py) with a timeout and ``ray.shutdown()`` always.
 
-These run in their own venv (Ray 2.60 pins gymnasium 1.2.2): tests/test_rllib_venv.py builds it and runs this
+These run in their own venv (Ray 2.60 pins gymnasium 1.2.2): tests/rllib/test_rllib_venv.py builds it and runs this
 file there. Elsewhere they skip with that reason.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import glob
 import json
 import os
@@ -18,7 +19,7 @@ import uuid
 
 import pytest
 
-pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/test_rllib_venv.py runs these "
+pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/rllib/test_rllib_venv.py runs these "
                                         "tests in a venv of their own")
 
 import stepledger.rllib  # noqa: E402
@@ -27,8 +28,8 @@ from stepledger import compare, read  # noqa: E402
 from stepledger.check import is_located  # noqa: E402
 from stepledger.faults import read_record  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = testpaths.ROOT
+TESTS = testpaths.TESTS_DIR
 HARNESS = os.path.join(TESTS, "rllib_harness.py")
 
 

@@ -2,7 +2,7 @@
 across library versions (the env side on Gymnasium 1.0, the oldest NumPy it takes and the
 pure-Python core; the trainer side here, with the compiled core)."""
 
-import fcntl
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import importlib.util
 import json
 import os
@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 import stepledger
+from side_venv import cached_venv, imported_version
 from stepledger import compare
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = testpaths.ROOT
 EXAMPLE = os.path.join(ROOT, "examples", "remote_env.py")
 STEPS = 100  # vector steps: env 1 reaches the fault (episode 1, step 12) at step 63
 NUM_ENVS = 4
@@ -226,12 +227,6 @@ def test_two_hosts(tmp_path, two_hosts, fault, record_property):
 
 # ---------------------------------------------------------------- mixed versions on the two sides
 
-def _pip_install(python, *requirements):
-    return subprocess.run([python, "-m", "pip", "install", "--retries", "1", "--timeout", "20",
-                           "--disable-pip-version-check", "-q"] + list(requirements),
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="session")
 def oldest_venv():
     """A venv with gymnasium 1.0.0 and the oldest NumPy that installs, cached in /tmp/stepledger-oldest-venv.
@@ -239,34 +234,15 @@ def oldest_venv():
     stepledger is not installed there: it runs from this checkout through PYTHONPATH with
     STEPLEDGER_PUREPYTHON=1, so nothing is compiled for the old NumPy.
     """
-    python = os.path.join(OLDEST_VENV, "bin", "python")
-    marker = os.path.join(OLDEST_VENV, "stepledger-versions.json")
-    with open(OLDEST_VENV + ".lock", "w") as lock:  # other sessions may build it at the same time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (os.path.exists(marker) and os.path.exists(python)):
-            shutil.rmtree(OLDEST_VENV, ignore_errors=True)
-            made = subprocess.run([sys.executable, "-m", "venv", OLDEST_VENV], capture_output=True, text=True,
-                                  timeout=120)
-            if made.returncode != 0:
-                pytest.skip("cannot create a venv for the oldest versions: " + made.stderr.strip()[-500:])
-            errors = []
-            for numpy_version in NUMPY_CANDIDATES:
-                proc = _pip_install(python, "gymnasium==" + OLDEST_GYMNASIUM, "numpy==" + numpy_version)
-                if proc.returncode == 0:
-                    break
-                errors.append("numpy %s: %s" % (numpy_version, (proc.stderr.strip().splitlines() or ["?"])[-1]))
-            else:
-                shutil.rmtree(OLDEST_VENV, ignore_errors=True)
-                pytest.skip("cannot build the oldest-versions venv (no network or no wheels?): " + "; ".join(errors))
-            probe = subprocess.run([python, "-c", "import json, numpy, gymnasium; print(json.dumps("
-                                    "{'numpy': numpy.__version__, 'gymnasium': gymnasium.__version__}))"],
-                                   capture_output=True, text=True, timeout=120)
-            assert probe.returncode == 0, probe.stderr
-            with open(marker, "w") as f:
-                f.write(probe.stdout)
-        with open(marker) as f:
-            versions = json.load(f)
-    return python, versions
+    alternatives = tuple(["--retries", "1", "--timeout", "20", "gymnasium==" + OLDEST_GYMNASIUM, "numpy==" + v]
+                         for v in NUMPY_CANDIDATES)
+    python = cached_venv(OLDEST_VENV, "stepledger-versions-ready", "gymnasium %s and an old NumPy" % OLDEST_GYMNASIUM,
+                         [alternatives], lambda py: imported_version(py, "gymnasium", "gymnasium"), OLDEST_GYMNASIUM)
+    probe = subprocess.run([python, "-c", "import json, numpy, gymnasium; print(json.dumps("
+                            "{'numpy': numpy.__version__, 'gymnasium': gymnasium.__version__}))"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    return python, json.loads(probe.stdout)
 
 
 @pytest.mark.parametrize("fault", [False, True], ids=["clean", "fault"])

@@ -1,6 +1,7 @@
 """The command line as CI and scripts use it: valid JSON, error objects, JUnit, pipes, progress, help,
 temporary directories, and the check command's refusals."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import json
 import os
 import pty
@@ -18,7 +19,7 @@ from stepledger.report import jsonout as _jsonout
 from stepledger.cli.main import main
 from stepledger.faults import FaultyEnv
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = testpaths.ROOT
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 

@@ -6,6 +6,7 @@ vector env), on real Gymnasium Sync/Async vector envs and real SB3 Dummy/Subproc
 Given twice, given after events, never given: each has one defined outcome, and nothing is lost.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import functools
 import json
 import os
@@ -22,7 +23,7 @@ import envs_for_tests as E
 from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, compare, read
 from stepledger.format import schema as S
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 TIMEOUT = 120
 
 

@@ -1,6 +1,7 @@
 """The base install is NumPy and Gymnasium only: isal is an optional accelerator, and files written with and
 without it read the same."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import ast
 import json
 import os
@@ -12,7 +13,7 @@ import pytest
 
 from side_venv import hiding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = testpaths.ROOT
 
 try:
     import tomllib

@@ -8,6 +8,7 @@ overlap is the difference, at its first event, naming its events and the files (
 once); a learner killed (SIGKILL) before its final file ends the env's stream at the gap it leaves.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from stepledger.format import schema as S
 from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 ROOT = os.path.dirname(TESTS_DIR)
 ENVS = 2
 TIMEOUT = 120
@@ -204,7 +205,7 @@ def test_damaged_offsets_are_refused_with_one_line(tmp_path):
 
 CHILD = """
 import math, sys, time, numpy as np
-sys.path.insert(0, %(tests)r)
+sys.path[:0] = [%(tests)r, %(here)r]
 import test_trainer_slices as t
 # its recording begins now, as the run's do; it spills when it flushes, not by time (a busy machine may take
 # longer than the default interval to reach the kill, and the idle spiller would write what it must lose)
@@ -229,7 +230,7 @@ time.sleep(120)
 def test_a_learner_killed_before_its_final_file_ends_the_stitched_stream_at_its_gap(tmp_path):
     d = str(tmp_path)
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    code = CHILD % {"tests": TESTS_DIR, "data": str(tmp_path / "data"),
+    code = CHILD % {"tests": TESTS_DIR, "here": os.path.dirname(os.path.abspath(__file__)), "data": str(tmp_path / "data"),
                     "path": os.path.join(d, "trainer-learner-1.npz")}
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=environ)

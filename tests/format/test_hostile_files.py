@@ -1,6 +1,7 @@
 """Files that cannot hurt the reader (issue 14): the meta schema, paths that are not regular files,
 one way out for every failure of reading, and a reader that never sees a torn file (issue 12, rule 4)."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from stepledger import LedgerError, compare, read
 from stepledger.format import schema as S
 from stepledger.cli.main import main
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 
 
 def cli(*args, timeout=60):

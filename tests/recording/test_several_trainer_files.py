@@ -5,6 +5,7 @@ one of them. Runs that end badly hold as with one file: a learner killed before 
 a trainer file of an earlier run left in the directory. Object storage too.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from stepledger.report.compare import CLOCK_SLACK
 from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 ROOT = os.path.dirname(TESTS_DIR)
 BOX = gym.spaces.Box(-1, 1, (2,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -200,7 +201,7 @@ def test_other_files_in_the_directory_are_passed_over_with_a_line(tmp_path):
 
 _KILLED_LEARNER = """
 import os, signal, sys
-sys.path.insert(0, %(tests)r)
+sys.path[:0] = [%(tests)r, %(here)r]
 import test_several_trainer_files as T
 rec = T.ledger(%(path)r, "trainer", {2: T.events(2)[:4], 3: T.events(3)[:3]}, close=False)
 rec.spill()  # what a periodic spill leaves on disk
@@ -215,7 +216,7 @@ def test_a_learner_killed_before_its_final_file_is_read_from_its_segments(tmp_pa
     learner0 = ledger(os.path.join(d, "trainer-0.npz"), "trainer", {0: events(0), 1: events(1)}, close=False)
     for e in (0, 1):
         ledger(os.path.join(d, "env-%d.npz" % e), "env", {e: events(e)})
-    proc = subprocess.run([sys.executable, "-c", _KILLED_LEARNER % {"tests": TESTS_DIR,
+    proc = subprocess.run([sys.executable, "-c", _KILLED_LEARNER % {"tests": TESTS_DIR, "here": os.path.dirname(os.path.abspath(__file__)),
                                                                     "path": os.path.join(d, "trainer-1.npz")}],
                           env=_environ(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == -signal.SIGKILL, proc.stderr

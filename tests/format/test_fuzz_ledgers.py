@@ -24,12 +24,13 @@ longer run with a random seed (the seed is printed, and named in every
 failure, to replay it)::
 
     STEPLEDGER_FUZZ_SEED=random STEPLEDGER_FUZZ_PER_KIND=200 STEPLEDGER_FUZZ_SECONDS=3600 \\
-        python -m pytest -s tests/test_fuzz_ledgers.py
+        python -m pytest -s tests/format/test_fuzz_ledgers.py
 
 The table of mutants tried per kind, their outcomes and the worst peak RSS
 is printed (``-s`` shows it).
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import io
 import json
 import os
@@ -48,7 +49,7 @@ import pytest
 
 import hostile_ledgers as H
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 MB = 1 << 20
 PEAK_LIMIT = 256 * MB
 TIMEOUT = 30.0

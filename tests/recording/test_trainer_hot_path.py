@@ -5,6 +5,7 @@ Each is held to the general path and to the pure-Python core: the same digests, 
 the same ledger bytes; and a live check or kept values still take the general path.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 
 import gymnasium as gym
@@ -77,7 +78,7 @@ def test_laid_out_batches_of_every_message_length():
 
 def test_laid_out_batches_without_avx512(run_python):
     """Four lanes at a time (AVX2) read the laid-out rows in place as eight (AVX-512) do."""
-    tests = os.path.dirname(os.path.abspath(__file__))
+    tests = testpaths.TESTS_DIR
     out = run_python("import sys\nsys.path.insert(0, %r)\nimport test_trainer_hot_path as T\n"
                      "print(T.sweep_message_lengths())\n" % tests, {"STEPLEDGER_NO_AVX512": "1"})
     assert out.strip() == "0"
@@ -165,7 +166,7 @@ def _scripted(space, seed):
 
 RUN = """
 import gymnasium as gym, numpy as np, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import stepledger
 from stepledger import LedgerVectorEnv
@@ -203,7 +204,7 @@ def run_vector(space, mode, path, how="plain"):
 @pytest.mark.parametrize("space", sorted(SPACES))
 @pytest.mark.parametrize("mode", ["NEXT_STEP", "SAME_STEP"])
 def test_hot_path_ledgers_are_the_general_paths_and_the_pure_python_cores(tmp_path, run_python, space, mode):
-    tests = os.path.dirname(os.path.abspath(__file__))
+    tests = testpaths.TESTS_DIR
     plain = str(tmp_path / "plain.npz")
     calls = run_vector(space, mode, plain)
     # the general path only where an env's episode ended under same-step autoreset
@@ -213,7 +214,7 @@ def test_hot_path_ledgers_are_the_general_paths_and_the_pure_python_cores(tmp_pa
     assert run_vector(space, mode, str(tmp_path / "keep.npz"), "keep") == 40
     for core, env in (("cython", {}), ("python", {"STEPLEDGER_PUREPYTHON": "1"})):
         path = str(tmp_path / (core + ".npz"))
-        run_python(RUN.format(tests=tests, core=core, space=space, mode=mode, path=path, how="plain"), env)
+        run_python(RUN.format(tests=tests, here=os.path.dirname(os.path.abspath(__file__)), core=core, space=space, mode=mode, path=path, how="plain"), env)
         assert same_ledger_bytes(plain, path), core
     with np.load(plain) as z, np.load(str(tmp_path / "keep.npz")) as k:
         for column in ("kind", "h_obs", "h_act", "h_rew", "terminated", "truncated"):

@@ -1,5 +1,6 @@
 """The README's code runs as printed, and the examples and demo do what they say."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import re
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from side_venv import hiding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = testpaths.ROOT
 
 
 DOC_PAGES = ["README.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs"))

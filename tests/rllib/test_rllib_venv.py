@@ -1,13 +1,14 @@
-"""The RLlib tests (tests/test_rllib.py) in their own virtual environment: Ray 2.60 pins gymnasium 1.2.2.
+"""The RLlib tests (tests/rllib/test_rllib.py) in their own virtual environment: Ray 2.60 pins gymnasium 1.2.2.
 
 The venv is built once and kept (``$STEPLEDGER_RAY_VENV``, by default under the temporary directory), under
 a file lock: the CPU torch first (an unpinned one would pull a CUDA build of gigabytes), then
-``ray[rllib]==2.60.0`` and what the tests need. Then pytest runs tests/test_rllib.py there as a subprocess,
+``ray[rllib]==2.60.0`` and what the tests need. Then pytest runs tests/rllib/test_rllib.py there as a subprocess,
 with this checkout on its path, and must pass with nothing skipped; a failure names each inner test that
 failed, with its assertion (from the inner run's JUnit XML), before the tail of its output. It skips, with the
 reason, only where the venv cannot be built (no package index).
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import tempfile
 import pytest
 from side_venv import cached_venv, imported_version
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = testpaths.ROOT
 RAY = "ray[rllib]==2.60.0"
 TORCH = "torch==2.13.0"
 TEST_DEPS = ["pytest>=7", "psutil>=5", "fsspec>=2023.1", "s3fs>=2023.1", "isal>=1.5",
@@ -64,12 +65,12 @@ def test_the_rllib_tests_pass_in_their_own_venv(ray_python, tmp_path):
     except ImportError:
         pass
     else:
-        pytest.skip("Ray RLlib is installed here: tests/test_rllib.py ran in this suite itself")
+        pytest.skip("Ray RLlib is installed here: tests/rllib/test_rllib.py ran in this suite itself")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPLEDGER_REQUIRE_CORE")}
     env["PYTHONPATH"] = ROOT  # this checkout, with its compiled core if it imports there (else the fallback)
     junit = str(tmp_path / "rllib.xml")
     proc = subprocess.run([ray_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                           "--junitxml=" + junit, os.path.join(ROOT, "tests", "test_rllib.py")], cwd=ROOT, env=env,
+                           "--junitxml=" + junit, os.path.join(ROOT, "tests", "rllib", "test_rllib.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1500)
     print(proc.stdout[-6000:])
     print(proc.stderr[-3000:], file=sys.stderr)

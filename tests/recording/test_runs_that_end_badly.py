@@ -9,6 +9,7 @@ intervals (the trainer in a long update, its workers waiting for actions). Then
 every ledger must read, and compare must find no difference.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ import ending_harness as H
 from stepledger.format import schema as S
 from stepledger import compare, read
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 HARNESSES = ["async-fork", "async-forkserver", "async-spawn", "sync", "subproc", "dummy"]
 ENDINGS = ["close", "no-close", "exception", "ctrl-c", "sigterm", "sigkill-worker", "idle-sigkill"]
 MULTIPROCESS = {"async-fork", "async-forkserver", "async-spawn", "subproc"}

@@ -1,6 +1,7 @@
 """The digest: BLAKE2b-64 of both cores against hashlib, and digests of values
 against an independent encoder written here from docs/FORMAT.md."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import hashlib
 import os
 import struct
@@ -22,7 +23,7 @@ except ImportError:  # pragma: no cover - the compiled core is required in CI
 
 CORES = [pytest.param(_fallback, id="python"),
          pytest.param(_core, id="cython", marks=pytest.mark.skipif(_core is None, reason="core not built"))]
-FORMAT_MD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "FORMAT.md")
+FORMAT_MD = os.path.join(testpaths.ROOT, "docs", "FORMAT.md")
 
 
 def hashlib64(data):
@@ -291,7 +292,7 @@ def test_digest_rows_without_avx512_are_the_same(tmp_path):
             "        out = np.zeros(n, dtype=np.uint64)\n"
             "        _core.digest_rows([batch], out)\n"
             "        print(','.join(str(int(x)) for x in out))\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = testpaths.ROOT
     runs = []
     for flag in (None, "1"):
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))

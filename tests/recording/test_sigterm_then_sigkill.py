@@ -7,6 +7,7 @@ sends those signals to a real process and checks that no event is lost, that com
 difference and says only how the run ended, and that the next run into the directory removes them.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import ending_harness as H
 from stepledger.format import schema as S
 from stepledger import compare, read
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 TIMEOUT = 60
 LEDGERS = ("env-0.npz", "env-1.npz", "trainer.npz")
 

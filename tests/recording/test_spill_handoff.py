@@ -12,6 +12,7 @@ writes on the step path. What is checked here, with real vector envs and real fi
   process SIGKILLed in the middle of handed spills leaves segments that read as an exact prefix of them.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import functools
 import math
 import os
@@ -30,7 +31,7 @@ from stepledger import LedgerEnv, LedgerVectorEnv, read
 from stepledger import core
 from stepledger.recording import recording
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 N_ENVS = 3
 FILES = ["trainer.npz"] + ["env-%d.npz" % i for i in range(N_ENVS)]
 

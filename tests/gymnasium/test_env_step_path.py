@@ -16,7 +16,7 @@ from stepledger import LedgerEnv, read
 from stepledger import _fallback as F
 from stepledger.format import schema as S
 from stepledger.format.spaces import LeafLayout
-from test_core_parity import SPACES, VARIABLE, odd_values
+from space_cases import SPACES, VARIABLE, odd_values
 
 C = pytest.importorskip("stepledger._core")
 

@@ -4,6 +4,7 @@ example, a kill mid-spill, refused credentials, a missing bucket, and the store 
 and in the middle of a run. Nothing may be lost: what storage did not take is on local disk, where a line
 says, and ``stepledger push`` publishes it."""
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import functools
 import json
 import os
@@ -31,8 +32,8 @@ from stepledger.format import storage
 from stepledger.format import remote as uploader  # noqa: E402
 from stepledger.errors import LedgerError  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ROOT = testpaths.ROOT
+TESTS_DIR = testpaths.TESTS_DIR
 
 
 def _server_or_skip():

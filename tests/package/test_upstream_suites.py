@@ -9,6 +9,7 @@ that was closed must compare clean. Gymnasium's sdist ships no vector-env tests:
 the second half checks its vector envs' documented behaviour with the ledgers in.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import functools
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 
 from stepledger import LedgerEnv, LedgerVectorEnv, compare
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = testpaths.TESTS_DIR
 ROOT = os.path.dirname(HERE)
 
 # SB3's VecEnv test files; test_vec_monitor.py needs pandas, which this project does not install.

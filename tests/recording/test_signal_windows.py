@@ -10,6 +10,7 @@ SIGTERM to a real process at that moment and asserts that the process ends by
 the signal, in time, with its ledger written.
 """
 
+import testpaths  # where the suite and the repository are (tests/testpaths.py)
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from stepledger.format import schema as S
 from stepledger import read
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = testpaths.TESTS_DIR
 
 SCRIPT = """
 import os, signal, sys, time
