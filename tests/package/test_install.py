@@ -26,7 +26,7 @@ _RUN = r"""
 import functools, json, os, sys
 import gymnasium as gym, numpy as np
 from stepledger import LedgerEnv, LedgerVectorEnv
-from stepledger._zipwriter import DEFLATE
+from stepledger.format.zipwriter import DEFLATE
 d, side = sys.argv[1], sys.argv[2]
 def make(i):
     return LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=20), d, index=i)
@@ -103,7 +103,7 @@ def test_runs_without_isal_and_files_read_the_same_both_ways(tmp_path):
 import json, sys
 import numpy as np
 from stepledger import read
-from stepledger import _schema as S
+from stepledger.format import schema as S
 out = {}
 for path in sys.argv[1:]:
     with read(path) as ledger:
