@@ -323,12 +323,16 @@ _HIDE_SB3 = hiding("stable_baselines3")
 
 
 def test_import_without_sb3(run_python):
+    """Without SB3 the folder imports (the command line reads its descriptor), and its first name says what to
+    install."""
     out = run_python(_HIDE_SB3 + """
 import stepledger
 from stepledger import LedgerEnv, LedgerVectorEnv, read
+import stepledger.sb3
+from stepledger.sb3.library import LIBRARY
 assert "stable_baselines3" not in sys.modules
 try:
-    import stepledger.sb3
+    from stepledger.sb3 import LedgerVecEnv
 except ImportError as exc:
     print("ImportError:", exc)
 else:
