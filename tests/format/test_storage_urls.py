@@ -88,7 +88,8 @@ def _cli(*args, register_objfile=False):
                  "fsspec.register_implementation('objfile', t.ObjFileSystem, clobber=True)\n")
     code += "from stepledger.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    here = os.path.dirname(os.path.abspath(__file__))  # this module's folder: the child imports it
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, here, env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-c", code] + list(args), env=env, capture_output=True, text=True,
                           timeout=120)
 

@@ -78,7 +78,7 @@ def test_laid_out_batches_of_every_message_length():
 
 def test_laid_out_batches_without_avx512(run_python):
     """Four lanes at a time (AVX2) read the laid-out rows in place as eight (AVX-512) do."""
-    tests = testpaths.TESTS_DIR
+    tests = os.path.dirname(os.path.abspath(__file__))  # this module's folder: the child imports it
     out = run_python("import sys\nsys.path.insert(0, %r)\nimport test_trainer_hot_path as T\n"
                      "print(T.sweep_message_lengths())\n" % tests, {"STEPLEDGER_NO_AVX512": "1"})
     assert out.strip() == "0"
