@@ -414,14 +414,14 @@ class Recording:
         first = not self._segs
         k = self._next_segment
         path, local = self._write_segment(k, k, [segment])
-        self._segs.append(_SegmentFile(k, k, 0, path, local))
-        self._next_segment = k + 1
         # With this run's first segment: an earlier run's pieces, and its final file unless this
         # recording wrote it, so that if this process is killed read() finds this run's segments, not
         # an older run's ledger. On local disk only now, with the segment in place (a reader meanwhile
         # finds both, and takes the recording that began last); at a URL in the upload's job, before
         # it. The step does not wait for the network: segments at a URL are uploaded in the background.
-        self.place.upload_segment(local, path, before=self._remove_earlier_run if first else None)
+        self.place.upload_segment(local, path, before=(lambda: self._remove_earlier_run(path)) if first else None)
+        self._segs.append(_SegmentFile(k, k, 0, path, local))
+        self._next_segment = k + 1
 
     def _write_segment(self, first, last, segments):
         name = segment_name(first)
@@ -451,10 +451,12 @@ class Recording:
             self._segs[-len(group):] = [_SegmentFile(group[0].first, group[-1].last, group[0].level + 1, path,
                                                      local)]
 
-    def _remove_earlier_run(self):
-        """An earlier run's segments, and its final file unless this recording wrote it (at a URL, run by
-        the uploader's thread before the first segment is uploaded)."""
-        self.place.remove_earlier_run(self.path, {s.path for s in self._segs}, self._written_events == 0)
+    def _remove_earlier_run(self, first):
+        """An earlier run's segments, and its final file unless this recording wrote it: those of this
+        recording (``first``, its first segment, and those since) stay. At a URL run by the uploader's
+        thread, before the first segment is uploaded."""
+        mine = {s.path for s in self._segs} | {first}
+        self.place.remove_earlier_run(self.path, mine, self._written_events == 0)
 
     def _unlink_segments(self):
         self.place.remove_segments(self.path, [s.path for s in self._segs])
