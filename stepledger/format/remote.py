@@ -221,8 +221,8 @@ class RemoteLedger(LedgerPlace):
         """Never: at a URL each merge would be another upload of what is uploaded already."""
         return None
 
-    def upload_segment(self, local, url, before=None, remove=False):
-        """Queue the staged file ``local`` for ``url``, after this ledger's earlier ones; never waits.
+    def upload_segment(self, local, dest, before=None, remove=False):
+        """Queue the staged file ``local`` for the URL ``dest``, after this ledger's earlier ones; never waits.
 
         ``before`` (a callable) runs first, in the thread; with ``remove`` the local file
         is deleted once the job is over (a flush's snapshot, which nothing else needs).
@@ -233,7 +233,7 @@ class RemoteLedger(LedgerPlace):
                 if remove:
                     _unlink(local)
                 return
-            self._pending.append((local, url, before, remove))
+            self._pending.append((local, dest, before, remove))
         self._pump()
 
     def _pump(self):
