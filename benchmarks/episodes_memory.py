@@ -60,7 +60,7 @@ def write_ledgers(directory, episodes):
 
     from stepledger.format import schema as S
     from stepledger import core
-    from stepledger.recording.recording import Recording, spill_everything
+    from stepledger.recording import Recording, spill_everything
     from stepledger.format.spaces import LeafLayout
     box = LeafLayout(gs.Box(-1, 1, shape=(1,), dtype=np.float32))
     rec = Recording(os.path.join(directory, "env-0.npz"), "env", range(N_ENVS), box, box, np.float32, False)

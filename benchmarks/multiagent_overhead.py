@@ -62,8 +62,8 @@ def reset(venv, form):
 
 def discard(venv, directory):
     """Close without the final write: the ledgers are not the point here."""
-    from stepledger.recording import recording
-    for rec in list(recording._OPEN.values()):
+    from stepledger.recording import spiller
+    for rec in list(spiller.OPEN.values()):
         rec.discard()
     venv.close()
     shutil.rmtree(directory, ignore_errors=True)

@@ -87,10 +87,10 @@ def run_steps(directory, acts):
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     recs = recordings(envs)
     segments = sum(len(r.segments) for r in recs)
-    waiting = sum(len(r._remote._pending) + r._remote._queued for r in recs if r._remote is not None)
-    for r in recs:
-        if r._remote is not None:
-            r._remote.wait()
+    remote = [r.place for r in recs if isinstance(r.place, uploader.RemoteLedger)]
+    waiting = sum(len(p._pending) + p._queued for p in remote)
+    for p in remote:
+        p.wait()
     for r in recs:
         r.discard()  # the step is measured here, not close()
     del uploader

@@ -65,8 +65,8 @@ def pendulum_vector(config, n, directory, flush_interval=None):
 
 def spills():
     """Spills (periodic and memory-driven) of the recordings open in this process so far."""
-    from stepledger.recording import recording
-    return sum(rec.spills for rec in recording._OPEN.values())
+    from stepledger.recording import spiller
+    return sum(rec.spills for rec in spiller.OPEN.values())
 
 
 def time_vector(envs, actions):
@@ -85,8 +85,8 @@ def discard(envs, directory):
 
 
 def _close_quietly(envs):
-    from stepledger.recording import recording
-    for rec in list(recording._OPEN.values()):
+    from stepledger.recording import spiller
+    for rec in list(spiller.OPEN.values()):
         rec.discard()
     envs.close()
 

@@ -206,7 +206,7 @@ def record(path, pool, events_per_env, samples=0, on_sample=None):
     LedgerVectorEnv does under NEXT_STEP (spilling when a call says the limit is passed);
     ``on_sample(events so far)`` is called ``samples`` times along the way."""
     from stepledger import core
-    from stepledger.recording.recording import Recording, spill_everything
+    from stepledger.recording import Recording, spill_everything
     rec = Recording(path, "trainer", range(pool.n_envs), pool.obs_layout, pool.act_layout, np.float32, False,
                     {"autoreset_mode": "next_step"})
     vr = core.VectorRecorder(rec.buffers, pool.obs_layout, pool.act_layout, True)

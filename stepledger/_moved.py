@@ -50,6 +50,17 @@ NAMES = {
         "FaultyVecEnv": "stepledger.sb3.faults",
         "FaultyParallelEnv": "stepledger.pettingzoo.faults",
     },
+    # Names that left recording/recording.py when it was split by job (issue 23); for code written
+    # against the first layout.
+    "stepledger.recording.recording": {
+        "attend": "stepledger.recording.hooks",
+        "spill_everything": "stepledger.recording.hooks",
+        "open_recording": "stepledger.recording.spiller",
+        "check_directory": "stepledger.recording.checks",
+        "check_path": "stepledger.recording.checks",
+        "check_reward_dtype": "stepledger.recording.checks",
+        "flush_interval": "stepledger.recording.checks",
+    },
     "stepledger.faults.check": {
         "VECTORS": "stepledger.gymnasium.check",
         "check_boundary": "stepledger.gymnasium.check",

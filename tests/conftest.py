@@ -32,14 +32,14 @@ def _no_recording_outlives_its_test():
     every step that finds a spill due looks at it), so that one failure would make later tests fail too
     (seen in CI: a re-run test that failed left recordings with a 2 ms interval, and a test two files on
     counted their spills as its own)."""
-    recording = sys.modules.get("stepledger.recording.recording")
-    before = set(recording._OPEN) if recording is not None else set()
+    spiller = sys.modules.get("stepledger.recording.spiller")
+    before = set(spiller.OPEN) if spiller is not None else set()
     yield
-    recording = sys.modules.get("stepledger.recording.recording")
-    if recording is None:
+    spiller = sys.modules.get("stepledger.recording.spiller")
+    if spiller is None:
         return
     import warnings
-    for key, rec in list(recording._OPEN.items()):
+    for key, rec in list(spiller.OPEN.items()):
         if key in before or rec.pid != os.getpid():
             continue
         with warnings.catch_warnings():
@@ -48,7 +48,7 @@ def _no_recording_outlives_its_test():
                 rec.close()
             except Exception:
                 pass
-        recording._OPEN.pop(key, None)
+        spiller.OPEN.pop(key, None)
 
 
 @pytest.fixture

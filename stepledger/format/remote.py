@@ -41,6 +41,8 @@ import warnings
 from stepledger.format import processes
 from stepledger.format import storage
 from stepledger.errors import LedgerError
+from stepledger.format.ledgerfile import spill_dir
+from stepledger.format.place import LedgerPlace
 
 QUEUE_SIZE = 8  # uploads waiting for the background thread, all ledgers of the process together
 RETRY_DELAYS = (0.5, 2.0)  # seconds before the 2nd and 3rd attempts of a background upload
@@ -154,8 +156,9 @@ def _hook_exit():
         threading._register_atexit(_close_before_executors_stop)
 
 
-class RemoteLedger:
-    """The stage, the background uploads and the final publish of one ledger at a URL.
+class RemoteLedger(LedgerPlace):
+    """The stage, the background uploads and the final publish of one ledger at a URL: the remote
+    ``LedgerPlace`` (place.py).
 
     ``on_exit`` (the Recording's close) is called at interpreter exit if the ledger is still open then.
     """
@@ -177,6 +180,17 @@ class RemoteLedger:
         self._stopped = False  # close() began: queued jobs are dropped
         self.failed = None  # why the background uploads stopped, once they have
         self.uploaded = []  # segment URLs storage has, in order
+        self.published = True  # False once the final file could not be uploaded (it is kept locally)
+        self._flushes = 0  # final files staged for a background upload (write(wait=False)), for their names
+
+    # ---- claiming the path: storage has no lock files; nothing killed writers left to clean here
+    # (dead processes' stages are cleared when a stage is made)
+
+    def claim(self, path, owner, holder, alive, beside):
+        return path
+
+    def clean_leftovers(self, path):
+        pass
 
     # ---- the stage
 
@@ -198,8 +212,17 @@ class RemoteLedger:
 
     # ---- spill segments, in the background
 
-    def upload_segment(self, local, url, before=None, remove=False):
-        """Queue the staged file ``local`` for ``url``, after this ledger's earlier ones; never waits.
+    def stage_segment(self, path, name):
+        """Staged locally, kept there to assemble the final file, and uploaded in the background (so that a
+        reader finds this run's events on the storage even if the process is killed)."""
+        return storage.join(spill_dir(path), name), self.stage_path(name)
+
+    def merge_group(self, segments):
+        """Never: at a URL each merge would be another upload of what is uploaded already."""
+        return None
+
+    def upload_segment(self, local, dest, before=None, remove=False):
+        """Queue the staged file ``local`` for the URL ``dest``, after this ledger's earlier ones; never waits.
 
         ``before`` (a callable) runs first, in the thread; with ``remove`` the local file
         is deleted once the job is over (a flush's snapshot, which nothing else needs).
@@ -210,7 +233,7 @@ class RemoteLedger:
                 if remove:
                     _unlink(local)
                 return
-            self._pending.append((local, url, before, remove))
+            self._pending.append((local, dest, before, remove))
         self._pump()
 
     def _pump(self):
@@ -297,6 +320,23 @@ class RemoteLedger:
 
     # ---- the final file
 
+    def stage_final(self, path, wait):
+        target = self.stage_path("ledger.npz" if wait else "flush-%d.npz" % self._flushes)
+        self._flushes += 1
+        return target
+
+    def publish(self, local, path, wait):
+        """Published before this returns (kept on local disk if that fails), or with ``wait`` false uploaded in
+        the background, its staged copy removed once the upload is over (a flush's snapshot)."""
+        if wait:
+            self.published = self.publish_final(local)
+            return True
+        self.upload_segment(local, path, remove=True)
+        return False
+
+    def written_stat(self, local):
+        return None
+
     def publish_final(self, local):
         """Publish the staged final file ``local`` now. On failure keep it (and say where) and return False."""
         try:
@@ -308,6 +348,49 @@ class RemoteLedger:
             say("%s: not published (%s); the complete ledger is kept at %s; publish it later with: %s"
                 % (self.url, reason, kept, push_command(kept, self.url)))
             return False
+
+    # ---- removing
+
+    def remove(self, path):
+        try:
+            storage.remove(path)
+        except Exception:
+            pass
+
+    def remove_earlier_run(self, path, mine, final):
+        """The segments are looked for only if there were any at construction (one listing less at close());
+        raises if storage cannot be reached (in the upload thread, the upload is then tried again)."""
+        if self.earlier_segments:
+            self.earlier_segments = False
+            directory = spill_dir(path)
+            for name in storage.listdir(directory):
+                old = storage.join(directory, name)
+                if name.startswith("seg-") and old not in mine:
+                    self.remove(old)
+        if final and storage.exists(path):
+            storage.remove(path)
+
+    def remove_segments(self, path, segments):
+        """Everything in the spill directory: also segments of an earlier run that a failed upload left there,
+        which would otherwise be read in place of the final file."""
+        if not segments:
+            return  # write() has just removed whatever an earlier run left in the spill directory
+        try:
+            directory = spill_dir(path)
+            storage.remove_all([storage.join(directory, n) for n in storage.listdir(directory)
+                                if n.startswith("seg-")])
+        except Exception:
+            pass
+
+    def remove_spill_dir(self, path):
+        try:
+            storage.rmdir(spill_dir(path))
+        except Exception:
+            pass
+
+    def close(self):
+        self.stop()
+        self.remove_stage()
 
     def keep(self, local, relative):
         """Move ``local`` into the keep directory at ``relative``; the new path (``local`` itself if it cannot)."""

@@ -14,8 +14,11 @@ from stepledger.format import schema as S
 from stepledger.format.schema import SETTINGS_KEY, TOKEN_KEY
 from stepledger.errors import LedgerError
 from stepledger.recording.live import settings_message
-from stepledger.recording.recording import Recording, attend, check_directory, check_path, check_reward_dtype, open_recording
-from stepledger.recording.recording import flush_interval as resolve_flush_interval
+from stepledger.recording.checks import check_directory, check_path, check_reward_dtype
+from stepledger.recording.checks import flush_interval as resolve_flush_interval
+from stepledger.recording.hooks import attend
+from stepledger.recording.recording import Recording
+from stepledger.recording.spiller import open_recording
 from stepledger.format.spaces import LeafLayout
 
 

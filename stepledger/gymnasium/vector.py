@@ -7,7 +7,7 @@ import numpy as np
 
 from stepledger.format.schema import LINK_ATTR, SETTINGS_KEY
 from stepledger.recording.batches import row as _row
-from stepledger.recording.recording import attend
+from stepledger.recording.hooks import attend
 from stepledger.recording.placement import warn_inner_wrappers
 from stepledger.recording.trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
 

@@ -34,8 +34,10 @@ from stepledger.format import storage
 from stepledger import wording
 from stepledger.errors import LedgerError
 from stepledger.recording.live import settings_message
-from stepledger.recording.recording import Recording, attend, check_directory, check_path, check_reward_dtype
-from stepledger.recording.recording import flush_interval as resolve_flush_interval
+from stepledger.recording.checks import check_directory, check_path, check_reward_dtype
+from stepledger.recording.checks import flush_interval as resolve_flush_interval
+from stepledger.recording.hooks import attend
+from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 from stepledger.recording.placement import own_attr, slot_infos
 from stepledger.recording.trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger

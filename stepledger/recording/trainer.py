@@ -26,8 +26,10 @@ import numpy as np
 from stepledger.format import schema as S
 from stepledger import core
 from stepledger.recording.live import LiveCheck, check_on_fault, settings_of
-from stepledger.recording.recording import Recording, attend, check_path, check_reward_dtype
-from stepledger.recording.recording import flush_interval as _flush_interval
+from stepledger.recording.checks import check_path, check_reward_dtype
+from stepledger.recording.checks import flush_interval as _flush_interval
+from stepledger.recording.hooks import attend
+from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 
 __all__ = ["NEXT_STEP", "SAME_STEP", "TrainerLedger", "WritesTrainerLedger", "autoreset_mode_name"]

@@ -53,7 +53,7 @@ from stepledger.format import storage
 from stepledger.gymnasium.env import LedgerEnv
 from stepledger.errors import SettingsError
 from stepledger.gymnasium.faults import FaultyEnv
-from stepledger.recording.recording import attend
+from stepledger.recording.hooks import attend
 
 TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
 TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger, with one learner

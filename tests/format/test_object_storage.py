@@ -213,7 +213,7 @@ for i in range(10**9):
     _, _, term, trunc, _ = env.step(env.action_space.sample())
     if term or trunc:
         env.reset()
-    if len(rec._remote.uploaded) >= 3 and i % 50 == 0:
+    if len(rec.place.uploaded) >= 3 and i % 50 == 0:
         print("SPILLED", len(rec.segments), flush=True)
         time.sleep(0.05)
 """
@@ -333,7 +333,7 @@ def test_server_stopped_before_close(outage_server, s3, monkeypatch, tmp_path):
         for _ in range(200):
             envs.step(envs.action_space.sample())
         for rec in _recordings(envs):
-            rec._remote.wait()
+            rec.place.wait()
         assert len(_names(outage_server, name + "/run")) >= 4  # segments were uploaded
         outage_server.stop()
         t0 = time.monotonic()
@@ -495,11 +495,11 @@ def _spill_and_vanish(url, steps=150):
         if term or trunc:
             env.reset()
     rec = env._recording
-    rec._remote.wait()
-    assert len(rec._remote.uploaded) >= 2
-    rec._remote.stop()
+    rec.place.wait()
+    assert len(rec.place.uploaded) >= 2
+    rec.place.stop()
     rec._release()  # gone without a final file, its segments left in storage
-    return len(rec._remote.uploaded)
+    return len(rec.place.uploaded)
 
 
 @pytest.mark.parametrize("spills", [False, True])
@@ -518,10 +518,10 @@ def test_an_earlier_runs_segments_are_not_read_as_this_run(s3, bucket, spills):
         for _ in range(120 if spills else 5):
             env.step(np.zeros(1, np.float32))
         if spills:
-            env._recording._remote.wait()
+            env._recording.place.wait()
             with read(url) as ledger:  # killed now, a reader would find this run's segments only
                 assert ledger.partial and len(ledger.streams[0]) <= 121
-                assert len(ledger._files) == len(env._recording._remote.uploaded)
+                assert len(ledger._files) == len(env._recording.place.uploaded)
         env.close()
     finally:
         core.set_memory_limit(old)
@@ -538,10 +538,10 @@ def test_a_flush_without_waiting_is_uploaded_in_the_background(s3, bucket):
         env.step(np.zeros(1, np.float32))
     rec = env._recording
     assert rec.write(wait=False) == 11  # returns once the snapshot is staged
-    rec._remote.wait()
+    rec.place.wait()
     with read(url) as ledger:
         assert not ledger.partial and len(ledger.streams[0]) == 11
-    assert [n for n in os.listdir(rec._remote.stage) if n.startswith("flush-")] == []  # the snapshot is gone
+    assert [n for n in os.listdir(rec.place.stage) if n.startswith("flush-")] == []  # the snapshot is gone
     for _ in range(5):
         env.step(np.zeros(1, np.float32))
     env.close()

@@ -229,15 +229,15 @@ def test_spill_segments_at_a_url(tmp_path, kind, small_memory):
     if kind == "file":
         segs = sorted(os.listdir(storage.local_path(spill)))
     else:
-        env._recording._remote.wait()  # the segments were staged locally, then uploaded in the background
+        env._recording.place.wait()  # the segments were staged locally, then uploaded in the background
         segs = storage.listdir(spill)
-        assert env._recording._remote.stage is not None
+        assert env._recording.place.stage is not None
     assert len(segs) >= 3 and all(s.startswith("seg-") and s.endswith(".npz") for s in segs), segs
     # a process killed now would leave these segments: they read as a partial ledger, this run's events
     with read(d) as ledger:
         assert ledger.partial and 0 < len(ledger.streams[0]) <= 300 + 21
     n_events = len(env._recording.buffers[0]) + env._recording._spilled_events
-    stage = env._recording._remote.stage if env._recording._remote else None
+    stage = env._recording.place.stage
     env.close()
     assert storage.listdir(spill) == [] if kind != "file" else not os.path.exists(storage.local_path(spill))
     assert stage is None or not os.path.exists(stage)  # the local staging directory is removed

@@ -12,7 +12,7 @@ import envs_for_tests as E
 import stepledger
 from stepledger import LedgerEnv, LedgerError, UnsupportedSpaceError, read
 from stepledger import core
-from stepledger.recording import recording
+from stepledger.recording import hooks
 from stepledger.format import schema as S
 from stepledger.format.spaces import LeafLayout
 
@@ -205,7 +205,7 @@ def test_forked_child_does_not_write_parents_ledger(tmp_path):
         code = 1
         try:
             env.step(1)
-            recording._close_all_at_exit()
+            hooks._close_all_at_exit()
             code = 0
         finally:
             os._exit(code)

@@ -13,7 +13,7 @@ from gymnasium import spaces as gs
 from stepledger.format import schema as S
 from stepledger import core
 from stepledger.format.ledgerfile import LedgerFile
-from stepledger.recording.recording import Recording, spill_everything
+from stepledger.recording import Recording, spill_everything
 from stepledger.format.spaces import LeafLayout
 
 N = 20_000_000

@@ -660,6 +660,7 @@ def test_a_merge_that_fails_after_its_segment_is_written_loses_and_repeats_nothi
     """A spill writes its segment, then merges the last segments; when the merge fails (here: a segment
     that cannot be read back, as a race in numpy's header parser once made happen in CI), the segment
     already holds its events. The retry must not write them again, and nothing may be lost."""
+    from stepledger.format import local
     from stepledger.recording import recording
     failing = {"on": False, "merges": 0}
     original = recording.segment_from_file
@@ -681,7 +682,7 @@ def test_a_merge_that_fails_after_its_segment_is_written_loses_and_repeats_nothi
         n, errors = 1, []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for spill in range(3 * recording._MERGE):
+            for spill in range(3 * local.MERGE):
                 for t in range(5):
                     env.step(t % 3)
                     n += 1
@@ -689,7 +690,7 @@ def test_a_merge_that_fails_after_its_segment_is_written_loses_and_repeats_nothi
                         env.reset()
                         n += 1
                 # the merges of the first eight segments fail, later ones succeed
-                failing["on"] = name == "failing" and spill < recording._MERGE + 3
+                failing["on"] = name == "failing" and spill < local.MERGE + 3
                 try:
                     env.flush() if writer == "flush" else rec.idle_spill()
                 except LedgerError as exc:
@@ -1006,7 +1007,7 @@ def test_a_damaged_segment_of_a_ledger_with_no_final_file_is_refused_at_once(tmp
         assert "keeps changing" not in str(info.value) and os.path.basename(seg) in str(info.value)
         assert time.monotonic() - started < 5  # not the 10 s a changing ledger is given
     finally:  # the close would merge the damaged segment: left unwritten
-        from stepledger.recording import recording
-        for rec in list(recording._OPEN.values()):
+        from stepledger.recording import spiller
+        for rec in list(spiller.OPEN.values()):
             if rec.path.startswith(d):
                 rec.discard()

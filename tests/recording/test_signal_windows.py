@@ -26,12 +26,13 @@ TESTS_DIR = testpaths.TESTS_DIR
 SCRIPT = """
 import os, signal, sys, time
 import envs_for_tests as E
-from stepledger import LedgerEnv, recording
+from stepledger import LedgerEnv
+from stepledger.recording import spiller
 env = LedgerEnv(E.CountEnv(length=4), sys.argv[1], index=0)
 env.reset()
 for _ in range(9):
     env.step(0)
-lock = {"registry": recording._LOCK, "recording": env._recording._lock}[sys.argv[2]]
+lock = {"registry": spiller.LOCK, "recording": env._recording._lock}[sys.argv[2]]
 with lock:  # as when the signal lands while a LedgerEnv is built, or a spill has begun
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(30)
@@ -103,9 +104,9 @@ def test_a_ctrl_c_between_writing_a_segment_and_letting_go_of_its_events_waits_f
 
 
 def test_a_ctrl_c_inside_a_write_is_raised_after_it_and_only_in_the_main_thread():
-    from stepledger.recording import recording
+    from stepledger.recording import hooks
     with pytest.raises(KeyboardInterrupt):
-        with recording._writing():
+        with hooks.writing():
             os.kill(os.getpid(), signal.SIGINT)
             for _ in range(1000):  # the interpreter looks at its signals on the way round
                 pass
@@ -115,8 +116,8 @@ def test_a_ctrl_c_inside_a_write_is_raised_after_it_and_only_in_the_main_thread(
     got = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     try:
-        with recording._writing():
-            with recording._writing():  # nested: held once, let through once
+        with hooks.writing():
+            with hooks.writing():  # nested: held once, let through once
                 os.kill(os.getpid(), signal.SIGINT)
                 for _ in range(1000):
                     pass
@@ -127,7 +128,7 @@ def test_a_ctrl_c_inside_a_write_is_raised_after_it_and_only_in_the_main_thread(
     # another thread's write sets nothing aside: only the main thread gets KeyboardInterrupt
     import threading
     seen = []
-    t = threading.Thread(target=lambda: seen.append(recording._hold_sigint()))
+    t = threading.Thread(target=lambda: seen.append(hooks._hold_sigint()))
     t.start()
     t.join()
     assert seen == [False] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
