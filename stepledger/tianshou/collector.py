@@ -78,8 +78,7 @@ class LedgerCollector(Collector):
         venv = self.env
         n = len(venv)
         try:
-            obs_space = venv.observation_space[0]
-            act_space = venv.action_space[0]
+            obs_space, act_space = _spaces(venv)
         except Exception as exc:
             raise ValueError("LedgerCollector: cannot read the envs' spaces from %s: %s"
                              % (type(venv).__name__, exc)) from None
@@ -350,6 +349,16 @@ def _check_buffer(buffer):
         raise ValueError("LedgerCollector: a buffer with stack_num=%d or save_only_last_obs stacks frames of "
                          "observations on its own; the ledger compares the env's single observations: use "
                          "stack_num=1" % buffer.stack_num)
+
+
+def _spaces(venv):
+    """One env's observation and action spaces, as the outermost wrapper in env_fns gives them. A
+    DummyVectorEnv's ``observation_space`` reads the *unwrapped* env's (Tianshou's DummyEnvWorker looks
+    attributes up on ``env.unwrapped``), which a FrameStack around the env changes: read its env itself."""
+    env = getattr(next(iter(getattr(venv, "workers", ())), None), "env", None)
+    if env is not None:
+        return env.observation_space, env.action_space
+    return venv.observation_space[0], venv.action_space[0]
 
 
 def _link_dummy_envs(venv, ledger):
