@@ -13,12 +13,12 @@ import os
 
 import numpy as np
 
-from ..check import clean_steps, no_opportunity, registered_env, run_check
-from ..compare import compare
-from ..faults import check_fault, read_record
-from .faults import ENV_SIDE_FAULTS, VECTOR_FAULTS, FaultyVectorEnv, inject_in_worker
+from stepledger.faults.check import clean_steps, faults_from, no_opportunity, registered_env, run_check
+from stepledger.faults.engine import check_fault, read_record
+from stepledger.report.compare import compare
+from stepledger.tianshou.faults import ENV_SIDE_FAULTS, VECTOR_FAULTS, FaultyVectorEnv, inject_in_worker
 
-__all__ = ["PLACES", "VECTORS", "check", "check_collector"]
+__all__ = ["PLACES", "VECTORS", "check", "check_collector", "check_from_cli"]
 
 VECTORS = ("dummy", "subproc", "shmem")
 PLACES = ("worker", "vector")
@@ -36,8 +36,8 @@ def collector_rollout(env_fn, vector, num_envs, steps, directory, fault=None, pl
     from tianshou.algorithm.algorithm_base import RandomActionPolicy
     from tianshou.data import VectorReplayBuffer
 
-    from .collector import LedgerCollector
-    from .envs import ledger_env_fns
+    from stepledger.tianshou.collector import LedgerCollector
+    from stepledger.tianshou.envs import ledger_env_fns
 
     record = os.path.join(directory, "fault.json")
     wrap = None
@@ -133,3 +133,13 @@ def check(env_id, *, faults=None, num_envs=4, steps=200, directory=None, keep=Fa
         raise TypeError("stepledger.tianshou.check: unknown option(s) %s" % ", ".join(unknown))
     return check_collector(registered_env(env_id, max_episode_steps), vector=vector, place=place, num_envs=num_envs,
                            steps=steps, faults=faults, directory=directory, keep=keep, progress=progress, **known)
+
+
+def check_from_cli(args, progress):
+    """``stepledger check ENV_ID --trainer tianshou``: check_collector on ``gym.make(args.env_id)``, on the vector env
+    of ``--tianshou-vector`` with each fault injected at ``--tianshou-place``."""
+    allowed = ENV_SIDE_FAULTS if args.tianshou_place == "worker" else VECTOR_FAULTS
+    return check_collector(registered_env(args.env_id, args.max_episode_steps), vector=args.tianshou_vector,
+                           place=args.tianshou_place, num_envs=args.num_envs, steps=args.steps,
+                           faults=faults_from(args.faults, allowed), directory=args.dir, keep=args.keep,
+                           progress=progress)

@@ -33,8 +33,8 @@ import numpy as np
 
 from tianshou.data import Batch, CachedReplayBuffer, Collector, ReplayBuffer, ReplayBufferManager
 
-from .. import _schema as S
-from ..trainer import TrainerLedger
+from stepledger.format.schema import LINK_ATTR
+from stepledger.recording.trainer import TrainerLedger
 
 __all__ = ["LedgerCollector"]
 
@@ -366,5 +366,5 @@ def _link_dummy_envs(venv, ledger):
     attributes on the unwrapped env, which LedgerEnv never sees; workers in other processes are not told)."""
     for i, worker in enumerate(getattr(venv, "workers", ())):
         env = getattr(worker, "env", None)
-        if env is not None and hasattr(type(env), S.LINK_ATTR):
-            setattr(env, S.LINK_ATTR, (ledger.run, i))
+        if env is not None and hasattr(type(env), LINK_ATTR):
+            setattr(env, LINK_ATTR, (ledger.run, i))

@@ -15,7 +15,7 @@ so it writes no file, takes no lock and does not clash with the worker's
 ledger (a recording that recorded nothing claims nothing; docs/ENDINGS.md).
 """
 
-from ..env import LedgerEnv
+from stepledger.gymnasium.env import LedgerEnv
 
 __all__ = ["LedgerEnvFn", "ledger_env_fns"]
 

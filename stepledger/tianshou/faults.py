@@ -1,6 +1,6 @@
 """Boundary faults on purpose in a Tianshou stack: two thin adapters over ``stepledger.faults.FaultEngine``.
 
-- in the worker: ``FaultyEnv`` (stepledger's own) outside ``LedgerEnv``, put
+- in the worker: ``FaultyEnv`` (Gymnasium's, stepledger.gymnasium.faults) outside ``LedgerEnv``, put
   there by ``LedgerEnvFn(wrap=inject_in_worker(fault, ...))``; every
   env-side fault (``stepledger.faults.ENV_SIDE_FAULTS``);
 - between the vector env and the collector: ``FaultyVectorEnv(venv, fault)``,
@@ -16,7 +16,8 @@ observation, and nothing else is to be translated.
 
 import numpy as np
 
-from ..faults import ENV_SIDE_FAULTS, TRAINER_SIDE_FAULTS, FaultEngine, FaultyEnv, check_fault
+from stepledger.faults.engine import ENV_SIDE_FAULTS, TRAINER_SIDE_FAULTS, FaultEngine, Injector, check_fault
+from stepledger.gymnasium.faults import FaultyEnv
 
 __all__ = ["ENV_SIDE_FAULTS", "VECTOR_FAULTS", "FaultyVectorEnv", "inject_in_worker"]
 
@@ -39,7 +40,7 @@ class inject_in_worker:
                          seed=self.seed, record=self.record)
 
 
-class FaultyVectorEnv:
+class FaultyVectorEnv(Injector):
     """Injects one boundary fault between a Tianshou vector env and its collector.
 
     ``LedgerCollector(policy, FaultyVectorEnv(envs, "reward:swap"), buffer, path=...)``: what it changes is
@@ -56,9 +57,6 @@ class FaultyVectorEnv:
         self.venv = venv
         self.engine = FaultEngine(fault, dose, at, target, seed, record, venv.action_space[0],
                                   allowed=VECTOR_FAULTS, owner="stepledger.tianshou.FaultyVectorEnv")
-
-    fault = property(lambda self: self.engine.fault)
-    first = property(lambda self: self.engine.first, doc="Where the fault first changed a value, or None.")
 
     def __getattr__(self, name):
         return getattr(self.venv, name)

@@ -1,12 +1,15 @@
-"""Tianshou's entry in the table of libraries (import-light: nothing of Tianshou or torch is imported here)."""
+"""Tianshou's entry in the table of libraries (``stepledger.libraries``); it imports nothing of Tianshou."""
 
-from ..faults import ENV_SIDE_FAULTS
+from stepledger.libraries import Library
 
-LIBRARY = dict(
+LIBRARY = Library(
     name="tianshou",
+    summary="Tianshou: ledger_env_fns puts LedgerEnv in the workers of its vector envs; LedgerCollector records "
+            "what the replay buffer hands out",
     extra="tianshou",
     requires=("tianshou",),
-    faults=ENV_SIDE_FAULTS,  # with --tianshou-place worker (the default); vector: stepledger.tianshou.faults.VECTOR_FAULTS
+    trainer="tianshou",
+    check="stepledger.tianshou.check:check_from_cli",
     options=(
         ("--tianshou-vector", dict(choices=("dummy", "subproc", "shmem"), default="subproc",
                                    help="with --trainer tianshou: Tianshou's DummyVectorEnv, SubprocVectorEnv or "
@@ -14,11 +17,8 @@ LIBRARY = dict(
         ("--tianshou-place", dict(choices=("worker", "vector"), default="worker",
                                   help="with --trainer tianshou: inject each fault in the worker, outside LedgerEnv "
                                        "(the env-side faults), or between the vector env and the collector (the "
-                                       "trainer-side faults, swaps among them)")),
+                                       "trainer-side faults, the swaps among them)")),
     ),
-    check="stepledger.tianshou.check:check",
-    value_changing_wrappers=("HERReplayBuffer", "HERReplayBufferManager", "HERVectorReplayBuffer",
-                             "CachedReplayBuffer"),
-    summary="Tianshou: LedgerEnv in the workers of Dummy/Subproc/ShmemVectorEnv (ledger_env_fns), LedgerCollector "
-            "records what the replay buffer hands out",
+    # the buffers that move or rewrite transitions on their own (LedgerCollector refuses them)
+    deliberate=("HERReplayBuffer", "HERReplayBufferManager", "HERVectorReplayBuffer", "CachedReplayBuffer"),
 )
