@@ -124,8 +124,10 @@ def _install():
             _log("collectors.jsonl", recorded=False)
         return made
 
+    # a class, so that isinstance(x, Collector) and Collector[CollectStats] (a Generic) keep working
     replacement = Meta("Collector", (), {"__new__": build, "__module__": Collector.__module__,
-                                         "__doc__": Collector.__doc__})
+                                         "__doc__": Collector.__doc__,
+                                         "__class_getitem__": classmethod(lambda cls, item: cls)})
     tianshou.data.Collector = replacement
 
 
