@@ -173,6 +173,7 @@ class _Book:
         self._pending_reset = [None] * n  # obs of a reset no transition has followed yet
         self._pending_step = [None] * n   # (global index, action, reward, terminated, truncated) awaiting its obs
         self._ignore_obs_next = not getattr(buffer, "_save_obs_next", True)
+        self.broken = False  # a batch the engine could not take (one reward per agent): recording stopped
 
     def ids(self, id):
         if id is None:
@@ -196,15 +197,29 @@ class _Book:
         """Record the transitions that reached the buffer since the last call (and, at the end, what is pending)."""
         steps, resets = self._steps, self._resets
         self._steps, self._resets = [], []
-        if steps or resets:
-            self._record(steps, resets)
-        if final:
-            for i in range(self.n):
-                if self._pending_step[i] is not None:
-                    self._finish_step(i)
-                if self._pending_reset[i] is not None:
-                    self.ledger.env_reset(i, self._pending_reset[i])
-                    self._pending_reset[i] = None
+        if self.broken:
+            return
+        try:
+            if steps or resets:
+                self._record(steps, resets)
+            if final:
+                self._record_pending()
+        except _TooSmall:
+            raise
+        except Exception as exc:  # training never stops because of the ledger: say so once, record no more
+            self.broken = True
+            self.ledger.interrupted()
+            warnings.warn("LedgerCollector: could not record the buffer's transitions (%s); the trainer ledger ends "
+                          "here" % (" ".join(str(exc).split()) or type(exc).__name__), RuntimeWarning, stacklevel=3)
+
+    def _record_pending(self):
+        """At the end: each env's last step (its obs is its obs_next) and a reset no transition followed."""
+        for i in range(self.n):
+            if self._pending_step[i] is not None:
+                self._finish_step(i)
+            if self._pending_reset[i] is not None:
+                self.ledger.env_reset(i, self._pending_reset[i])
+                self._pending_reset[i] = None
 
     def _record(self, steps, resets):
         if steps:
@@ -224,7 +239,7 @@ class _Book:
             if added == 0 and len(mine) >= size and len(buf) == size:
                 added = size
             if len(mine) > size:
-                raise ValueError("LedgerCollector: env %d added %d transitions in one collect() but its buffer holds %d; "
+                raise _TooSmall("LedgerCollector: env %d added %d transitions in one collect() but its buffer holds %d; "
                                  "the trainer side reads them back after each collect(): give each env's buffer "
                                  "room for a collect's steps" % (i, len(mine), size))
             if added < len(mine):  # steps the collector made but whose transitions never reached the buffer
@@ -295,6 +310,10 @@ class _Book:
         if obs is None:
             obs = _plain(self.buffer[np.array([index])].obs_next)
         self.ledger.env_steps(i, act, obs, rew, term, trunc)
+
+
+class _TooSmall(ValueError):
+    """A buffer that cannot hold one collect()'s transitions of an env: the user's to fix, raised."""
 
 
 def _transitions(batch, index):

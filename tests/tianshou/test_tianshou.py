@@ -246,6 +246,20 @@ def test_bad_input_is_one_line_naming_what_is_wrong(tmp_path):
         check("CartPole-v1", autoreset="same")
 
 
+def test_one_reward_per_agent_stops_the_trainer_ledger_with_a_warning_never_the_training(tmp_path):
+    """A ledger records one reward a step; Tianshou's multi-agent envs give one per agent. The collector goes on."""
+    d = str(tmp_path)
+    venv = ts_envs.vector_env("dummy", ledger_env_fns(ts_envs.TwoAgentCounter, 2, d))
+    collector = ts_envs.random_collector(venv, d)
+    collector.reset()
+    with pytest.warns(RuntimeWarning, match=r"^LedgerCollector: could not record the buffer's transitions \("):
+        collector.collect(n_step=12)
+    assert collector.collect(n_step=12).n_collected_steps == 12 and len(collector.buffer) == 24
+    collector.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert not report.differences and report.notes, str(report)  # the trainer ledger was cut short: a note
+
+
 def test_a_buffer_too_small_for_one_collect_is_refused_with_the_fix(tmp_path):
     d = str(tmp_path)
     venv = ts_envs.vector_env("dummy", ledger_env_fns(ts_envs.pendulum, 2, d))

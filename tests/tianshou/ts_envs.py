@@ -38,6 +38,14 @@ class BoxCounter(DictCounter):
         return np.array([self.t, -self.t], np.float32)
 
 
+class TwoAgentCounter(BoxCounter):
+    """BoxCounter with one reward per agent, as Tianshou's multi-agent tests give them: [1.0, 1.0]."""
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, np.ones(2), terminated, truncated, info
+
+
 class StackedCounter:
     """gymnasium's FrameStackObservation(BoxCounter(), 4), for issue 1272."""
 

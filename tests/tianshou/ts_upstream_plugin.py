@@ -42,12 +42,20 @@ class _EnvSide:
 
     def __call__(self):
         env = self.fn()
-        if not isinstance(env, gym.Env):
+        if not isinstance(env, gym.Env) or not _has_spaces(env):
+            _log("unrecorded.jsonl", env=type(env).__name__)  # a ledger needs the env's spaces (both modes alike)
             return env
         if MODE == "ledger":
             from stepledger import LedgerEnv
             return LedgerEnv(env, self.directory, index=self.index)
         return gym.Wrapper(env)
+
+
+def _has_spaces(env):
+    try:
+        return env.observation_space is not None and env.action_space is not None
+    except AttributeError:
+        return False
 
 
 class _Forward:
