@@ -204,8 +204,10 @@ class _Book:
                 self._record(steps, resets)
             if final:
                 self._record_pending()
-        except _TooSmall:
-            raise
+        except _TooSmall as exc:  # the buffer overwrote transitions before they could be read back
+            self.broken = True
+            self.ledger.interrupted()
+            warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
         except Exception as exc:  # training never stops because of the ledger: say so once, record no more
             self.broken = True
             self.ledger.interrupted()
@@ -239,9 +241,10 @@ class _Book:
             if added == 0 and len(mine) >= size and len(buf) == size:
                 added = size
             if len(mine) > size:
-                raise _TooSmall("LedgerCollector: env %d added %d transitions in one collect() but its buffer holds %d; "
-                                 "the trainer side reads them back after each collect(): give each env's buffer "
-                                 "room for a collect's steps" % (i, len(mine), size))
+                raise _TooSmall("LedgerCollector: env %d added %d transitions in one collect() but its buffer holds %d, "
+                                "so it overwrote some before the trainer side could read them back; the trainer "
+                                "ledger ends here: give each env's buffer room for a collect's steps"
+                                % (i, len(mine), size))
             if added < len(mine):  # steps the collector made but whose transitions never reached the buffer
                 mine = mine[:added]
             elif added > len(mine):
@@ -313,7 +316,7 @@ class _Book:
 
 
 class _TooSmall(ValueError):
-    """A buffer that cannot hold one collect()'s transitions of an env: the user's to fix, raised."""
+    """A buffer that cannot hold one collect()'s transitions of an env: the user's to fix (a warning that says how)."""
 
 
 def _transitions(batch, index):
