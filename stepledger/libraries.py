@@ -32,6 +32,7 @@ LIBRARIES = (
     "sb3",
     "pettingzoo",
     "rllib",
+    "tianshou",
 )
 
 

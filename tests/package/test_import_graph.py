@@ -27,15 +27,15 @@ LAYERS = (
     ("report", ("stepledger.report.",)),
     ("faults", ("stepledger.faults.",)),
     ("libraries", ("stepledger.libraries", "stepledger.gymnasium.", "stepledger.sb3.", "stepledger.pettingzoo.",
-                   "stepledger.rllib.")),
+                   "stepledger.rllib.", "stepledger.tianshou.")),
     ("command line", ("stepledger.cli.",)),
     ("the package's face", ("stepledger", "stepledger.__main__")),
 )
 # Old import paths (stepledger._moved) name modules by strings, resolved on first use: no arrow.
 OUTSIDE_THE_LAYERS = ("stepledger._moved",)
 # A library's folder imports Gymnasium's (every library's envs are Gymnasium envs) and those it builds on.
-BUILDS_ON = {"sb3": {"gymnasium"}, "pettingzoo": {"gymnasium", "sb3"}, "rllib": {"gymnasium"}}
-LIBRARY_FOLDERS = ("gymnasium", "sb3", "pettingzoo", "rllib")
+BUILDS_ON = {"sb3": {"gymnasium"}, "pettingzoo": {"gymnasium", "sb3"}, "rllib": {"gymnasium"}, "tianshou": {"gymnasium"}}
+LIBRARY_FOLDERS = ("gymnasium", "sb3", "pettingzoo", "rllib", "tianshou")
 
 
 def layer_of(module):
