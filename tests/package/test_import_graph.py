@@ -10,11 +10,14 @@ import ast
 import pathlib
 
 import stepledger
+from stepledger.libraries import LIBRARIES
 
 PACKAGE = pathlib.Path(stepledger.__file__).parent
 
 WRITER = ("stepledger.recording", "stepledger.format.ledgerfile", "stepledger.format.zipwriter")
 READER = ("stepledger.report.read", "stepledger.report.compare", "stepledger.report.episodes")
+
+LIBRARY_FOLDERS = LIBRARIES  # the table of libraries: each is a folder
 
 # The layers, bottom up: a module imports only from its own layer and those below it. A name ending in
 # "." is a folder (every module in it).
@@ -26,16 +29,14 @@ LAYERS = (
     ("recording", ("stepledger.recording.",)),
     ("report", ("stepledger.report.",)),
     ("faults", ("stepledger.faults.",)),
-    ("libraries", ("stepledger.libraries", "stepledger.gymnasium.", "stepledger.sb3.", "stepledger.pettingzoo.",
-                   "stepledger.rllib.", "stepledger.tianshou.")),
+    ("libraries", ("stepledger.libraries",) + tuple("stepledger.%s." % name for name in LIBRARY_FOLDERS)),
     ("command line", ("stepledger.cli.",)),
     ("the package's face", ("stepledger", "stepledger.__main__")),
 )
 # Old import paths (stepledger._moved) name modules by strings, resolved on first use: no arrow.
 OUTSIDE_THE_LAYERS = ("stepledger._moved",)
 # A library's folder imports Gymnasium's (every library's envs are Gymnasium envs) and those it builds on.
-BUILDS_ON = {"sb3": {"gymnasium"}, "pettingzoo": {"gymnasium", "sb3"}, "rllib": {"gymnasium"}, "tianshou": {"gymnasium"}}
-LIBRARY_FOLDERS = ("gymnasium", "sb3", "pettingzoo", "rllib", "tianshou")
+BUILDS_ON = {"pettingzoo": {"sb3"}}
 
 
 def layer_of(module):
@@ -120,7 +121,7 @@ def test_a_library_reaches_only_the_libraries_it_builds_on():
             continue
         for dep in edges:
             other = dep.split(".")[1] if dep.count(".") else None
-            if other in LIBRARY_FOLDERS and other != parts[1] and other not in BUILDS_ON.get(parts[1], ()):
+            if other in LIBRARY_FOLDERS and other not in (parts[1], "gymnasium") and other not in BUILDS_ON.get(parts[1], ()):
                 crossing.append((m, dep))
     assert crossing == []
 
