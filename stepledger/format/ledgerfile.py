@@ -244,8 +244,9 @@ _MAX_DEFLATE_RATIO = 1032  # raw deflate never gives more than this many bytes f
 _STORED, _DEFLATED = 0, 8
 
 # What zlib and numpy's header parser raise on a damaged member.
-_READ_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError,
-                RuntimeError, OverflowError) + INFLATE_ERRORS
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError, RuntimeError,
+    OverflowError) + INFLATE_ERRORS
 
 
 def _short(exc):

@@ -133,7 +133,8 @@ def _uploader():
 
 # ---------------------------------------------------------------- closing before the executors stop
 
-_AT_EXIT: dict[int, tuple[int, Any]] = {}  # id(RemoteLedger) -> (pid, callback): what must run while uploads can still run
+# id(RemoteLedger) -> (pid, callback): what must run while uploads can still run
+_AT_EXIT: dict[int, tuple[int, Any]] = {}
 _HOOKED: list[Any] = []
 
 

@@ -45,7 +45,8 @@ def _by_env(report):
 
 def _by_fault(report):
     """Cases of a CheckReport: the clean run, then one per fault."""
-    cases: list[tuple[object, ...]] = [("clean run", None if report.clean else "the clean run differs:\n%s" % report.clean)]
+    cases: list[tuple[object, ...]] = [
+        ("clean run", None if report.clean else "the clean run differs:\n%s" % report.clean)]
     for r in report.results:
         if r.located:
             cases.append((r.fault, None))
