@@ -421,7 +421,8 @@ class VectorRecorder:
         self.last_obs = np.zeros(self.n, dtype=np.uint64)
         self.last_act = np.zeros(self.n, dtype=np.uint64)
         self.counts = np.zeros(self.n, dtype=np.int64)
-        self._events = [[] for _ in range(self.n)]  # this call's events per env, for the live check
+        # this call's events per env, for the live check
+        self._events: list[list[tuple[int, int, int, int, bool, bool]]] = [[] for _ in range(self.n)]
         self.token_seen = np.zeros(self.n, dtype=np.bool_)
         self.token_episode = np.full(self.n, -1, dtype=np.int64)
         self.token_step = np.zeros(self.n, dtype=np.int64)

@@ -4,11 +4,16 @@
 does for msgpack. Both write byte-identical ledgers.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from stepledger.format.schema import ENV_MEMORY_LIMIT, ENV_PUREPYTHON
 
-if os.environ.get(ENV_PUREPYTHON, "") not in ("", "0"):
+if TYPE_CHECKING:  # a type checker sees the compiled core's stub (_core.pyi); the fallback has the same API
+    from stepledger import _core as _impl
+elif os.environ.get(ENV_PUREPYTHON, "") not in ("", "0"):
     from stepledger import _fallback as _impl
 else:
     try:

@@ -55,7 +55,7 @@ def _and(items):
 def _index_hint(parts, pairs, unmatched, duplicates=(), copies=False):
     text = _and(parts)
     unit = "env copy" if copies else "env"
-    by_index = {}
+    by_index: dict[int, list[int]] = {}
     for idx, env in pairs:
         by_index.setdefault(idx, []).append(env)
     dups = sorted(set(duplicates) | {idx for idx, envs in by_index.items() if len(envs) > 1})
@@ -342,7 +342,10 @@ def settings_difference(env_meta, trainer_meta):
     live check of the settings sent with an env's first token.
     """
     found = differing_setting(env_meta, trainer_meta)
-    return None if found is None else different_settings(*found, bool(env_meta.get(S.META_POSSIBLE_AGENTS)))
+    if found is None:
+        return None
+    key, env_text, trainer_text = found
+    return different_settings(key, env_text, trainer_text, bool(env_meta.get(S.META_POSSIBLE_AGENTS)))
 
 
 def differing_setting(a_meta, b_meta):
@@ -473,7 +476,7 @@ def untold_end(env, agents, flag, extra):
 
 def agents_differ(differences):
     """With multi-agent env ledgers: which agents differ, and in which env copies; None otherwise."""
-    where = {}
+    where: dict[str, list[int]] = {}
     for d in differences:
         if d.agents:
             where.setdefault(d.agents[d.env % len(d.agents)], []).append(d.env // len(d.agents))

@@ -223,7 +223,7 @@ def _check(args):
     from stepledger import libraries
     lib = libraries.by_trainer(args.trainer)
     lib.require("--trainer %s" % args.trainer)
-    run = lib.function(lib.check)
+    run = lib.function(lib.check)  # type: ignore[arg-type]  # a library with a --trainer has a check
     progress = _progress("check, runs")
     try:
         report = run(args, progress)

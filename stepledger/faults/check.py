@@ -6,22 +6,35 @@ Gymnasium's and SB3's vector envs, ``stepledger.pettingzoo.check.check_parallel`
 builds the ``CheckReport``. Like Gymnasium's ``check_env``, one call in a test suite.
 """
 
+from __future__ import annotations
+
 import math
 import os
 import shutil
 import tempfile
 import warnings
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from stepledger import wording
 from stepledger._moved import names_of
-from stepledger.faults.engine import check_fault, needs, reported_fields
+from stepledger.faults.engine import Record, check_fault, needs, reported_fields
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from stepledger.report.compare import EnvDifference, Report
 
 __getattr__ = names_of(__name__)  # check_boundary, check_parallel, ...: in the library folders now
 
+#: a check's rollout, ``one(sub, fault)``: compare's report and where the fault was injected (None: nowhere)
+Rollout = Callable[[str, "str | None"], "tuple[Report, Record | None]"]
+#: ``opportunity(fault, clean_dir)``: why a fault found no opportunity, and the vector steps it needs (or None)
+Opportunity = Callable[[str, str], "tuple[str, int | None]"]
 
-def is_located(difference, injected):
+
+def is_located(difference: EnvDifference | None, injected: Record | None) -> bool:
     """Whether compare's difference for an env names where the fault first changed a value, and
     exactly the fields it changed (``faults.reported_fields``, or the record's ``fields`` where the
     fault says which it changed: an agent's whole event).
@@ -38,7 +51,8 @@ def is_located(difference, injected):
         fits = (bool(named) and named <= expected) if inj["fault"] == "step:fill" else named == expected
         return (d.episode, d.step) == (inj["episode"], inj["step"]) and fits
     if d.what == "length" and inj["fault"] == "step:fill":
-        return (d.episode, d.step + 1) == (inj["episode"], inj["step"])
+        # a length difference with no event in common has no step (None): a TypeError here, as before the types
+        return (d.episode, d.step + 1) == (inj["episode"], inj["step"])  # type: ignore[operator]
     return False
 
 
@@ -50,35 +64,37 @@ class FaultResult:
     a rollout needs); ``reason`` says why a fault had no opportunity.
     """
 
-    def __init__(self, fault, injected, difference, reason=None, needs=None, agents=None):
+    def __init__(self, fault: str, injected: Record | None, difference: EnvDifference | None,
+                 reason: str | None = None, needs: int | None = None, agents: Sequence[str] | None = None) -> None:
         self.fault, self.injected, self.difference = fault, injected, difference
         self.reason, self.needs = reason, needs
         self.agents = agents  # possible_agents, where the fault was injected on one agent's stream
 
     @property
-    def short(self):
+    def short(self) -> bool:
         return not self.exercised and self.needs is not None
 
     @property
-    def exercised(self):
+    def exercised(self) -> bool:
         return self.injected is not None
 
     @property
-    def caught(self):
+    def caught(self) -> bool:
         return self.exercised and self.difference is not None
 
     @property
-    def located(self):
+    def located(self) -> bool:
         return self.caught and is_located(self.difference, self.injected)
 
-    def line(self):
-        if not self.exercised:
+    def line(self) -> str:
+        """The report's line for this fault."""
+        if self.injected is None:  # not exercised
             return wording.fault_result(self.fault, "not exercised", self.reason or wording.NO_OPPORTUNITY)
         inj = self.injected
         at = (inj.get("stream", inj["env"]), inj["episode"], inj["step"]) + ((self.agents,) if self.agents else ())
         if self.located:
             return wording.fault_result(self.fault, "located", at=at)
-        if self.caught:
+        if self.difference is not None:  # caught
             return wording.fault_result(self.fault, "caught", at=at, said=self.difference.line())
         return wording.fault_result(self.fault, "missed", at=at)
 
@@ -93,27 +109,28 @@ class CheckReport:
     ``directory`` is where the ledgers are, or None once they were removed.
     """
 
-    def __init__(self, clean, results, directory, steps=None):
+    def __init__(self, clean: Report, results: list[FaultResult], directory: str | None,
+                 steps: int | None = None) -> None:
         self.clean, self.results, self.directory, self.steps = clean, results, directory, steps
 
     @property
-    def needs(self):
-        short = [r.needs for r in self.results if r.short]
+    def needs(self) -> int | None:
+        short = [r.needs for r in self.results if r.short and r.needs is not None]
         return max(short) if short else None
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return (bool(self.clean) and any(r.exercised for r in self.results) and self.needs is None
                 and all(r.located for r in self.results if r.exercised))
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return self.ok
 
     @property
-    def missed(self):
+    def missed(self) -> list[str]:
         return [r.fault for r in self.results if r.exercised and not r.located]
 
-    def __str__(self):
+    def __str__(self) -> str:
         lines = [wording.clean_run(str(self.clean) if not self.clean else None)]
         lines += [r.line() for r in self.results]
         n_ex = sum(r.exercised for r in self.results)
@@ -127,7 +144,7 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def clean_steps(directory, target, stream=None):
+def clean_steps(directory: str, target: int, stream: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The target env's steps in the clean run: (terminated, truncated) per step, in order (``stream``:
     one agent's stream of env copy ``target``'s ledger)."""
     from stepledger.report.read import read
@@ -137,7 +154,8 @@ def clean_steps(directory, target, stream=None):
     return np.asarray(cols["terminated"])[steps], np.asarray(cols["truncated"])[steps]
 
 
-def no_opportunity(fault, term, trunc, at, target, time_limit):
+def no_opportunity(fault: str, term: np.ndarray, trunc: np.ndarray, at: int, target: int,
+                   time_limit: Callable[[], int | None]) -> tuple[str, int | None]:
     """Why ``fault`` had no opportunity in the clean rollout, and the vector steps it would need (or None).
 
     ``time_limit()`` gives the env's TimeLimit (or None); it is asked only when no episode ended.
@@ -146,7 +164,7 @@ def no_opportunity(fault, term, trunc, at, target, time_limit):
     ends = np.flatnonzero(term | trunc)
     need = needs(fault)
 
-    def vector_steps(env_steps, episode_len):
+    def vector_steps(env_steps: int, episode_len: int | None) -> int:
         # under NEXT_STEP each episode end before the last step takes one more vector step (the reset)
         return int(env_steps + (env_steps - 1) // episode_len) if episode_len else int(env_steps)
 
@@ -168,7 +186,7 @@ def no_opportunity(fault, term, trunc, at, target, time_limit):
     return wording.no_episode_end(target, n), vector_steps(max(n, at) + 1, None)
 
 
-def time_limit(env_fn, target):
+def time_limit(env_fn: Callable[[int], gym.Env[Any, Any]], target: int) -> int | None:
     """The max_episode_steps of ``env_fn(target)``'s spec, or None."""
     try:
         env = env_fn(target)
@@ -181,8 +199,9 @@ def time_limit(env_fn, target):
         env.close()
 
 
-def run_check(one, faults, opportunity, directory=None, keep=False, steps=None, progress=None, agents=None,
-              prefix="stepledger-check-"):
+def run_check(one: Rollout, faults: Sequence[str], opportunity: Opportunity, directory: str | None = None,
+              keep: bool = False, steps: int | None = None, progress: Callable[[int, int], Any] | None = None,
+              agents: Sequence[str] | None = None, prefix: str = "stepledger-check-") -> CheckReport:
     """The check's runs: ``one(sub, fault)`` runs a rollout into directory ``sub`` (``fault`` None: the
     clean one) and returns (compare's report, where the fault was injected or None); where a fault found
     no opportunity, ``opportunity(fault, clean_dir)`` says why and how many steps a rollout needs (or
@@ -196,11 +215,14 @@ def run_check(one, faults, opportunity, directory=None, keep=False, steps=None, 
             clean, _ = one(clean_dir, None)
             if progress is not None:
                 progress(1, len(faults) + 1)
-            results = []
+            results: list[FaultResult] = []
             for k, fault in enumerate(faults):
                 report, injected = one(os.path.join(directory, fault.replace(":", "_")), fault)
-                diff = report.by_env().get(injected.get("stream", injected["env"])) if injected else None
-                reason = needs = None
+                stream: Any = injected.get("stream", injected["env"]) if injected else None
+                diff = report.by_env().get(stream) if injected else None
+
+                reason: str | None = None
+                needs: int | None = None
                 if injected is None:
                     reason, needs = opportunity(fault, clean_dir)
                 results.append(FaultResult(fault, injected, diff, reason, needs, agents))
@@ -220,15 +242,15 @@ def run_check(one, faults, opportunity, directory=None, keep=False, steps=None, 
 class _RegisteredEnv:
     """A picklable factory for a registered env id (for worker processes)."""
 
-    def __init__(self, env_id, max_episode_steps):
+    def __init__(self, env_id: str, max_episode_steps: int | None) -> None:
         self.env_id, self.max_episode_steps = env_id, max_episode_steps
 
-    def __call__(self, index):
+    def __call__(self, index: int) -> gym.Env[Any, Any]:
         import gymnasium as gym
         return gym.make(self.env_id, max_episode_steps=self.max_episode_steps)
 
 
-def registered_env(env_id, max_episode_steps=None):
+def registered_env(env_id: str, max_episode_steps: int | None = None) -> Callable[[int], gym.Env[Any, Any]]:
     """A picklable factory for ``gym.make(env_id)``; refuses (ValueError, one line) an id that cannot be made."""
     import gymnasium as gym
     if max_episode_steps is not None and (max_episode_steps < 1):
@@ -242,7 +264,7 @@ def registered_env(env_id, max_episode_steps=None):
     return factory
 
 
-def faults_from(text, allowed, where="--faults"):
+def faults_from(text: str | None, allowed: Sequence[str], where: str = "--faults") -> list[str]:
     """The faults named in a comma-separated ``text`` (None or empty: ``allowed``), each checked against
     ``allowed``; a ValueError naming ``where`` for one that is not."""
     if not text:
@@ -250,7 +272,8 @@ def faults_from(text, allowed, where="--faults"):
     return [check_fault(f, allowed, where) for f in text.split(",")]
 
 
-def positive_int(name, value, owner, least=1):
+def positive_int(name: str, value: Any, owner: str, least: int = 1) -> int:
+
     """``value`` if it is an int of at least ``least``; a one-line ValueError naming ``owner`` and ``name`` if not."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
         raise ValueError("%s: %s must be an int of at least %d, got %r" % (owner, name, least, value))

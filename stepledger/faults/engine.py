@@ -33,9 +33,12 @@ one. The injector records where it first changed a value: ``injector.first``
 injectors that live in worker processes. docs/FAULTS.md has the whole story.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import zlib
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from gymnasium import spaces as gs
@@ -51,8 +54,13 @@ FAULTS = tuple("%s:%s" % (f, w) for f in VALUE_FIELDS for w in VALUE_WAYS) + ("a
 ENV_SIDE_FAULTS = tuple(f for f in FAULTS if not f.endswith(":swap"))
 TRAINER_SIDE_FAULTS = tuple(f for f in FAULTS if f != "step:fill")
 
+#: where a fault first changed a value: env, episode, step, fault, field (and agent, stream, fields)
+Record = dict[str, Any]
+#: what a step of an env gives: (obs, reward, terminated, truncated)
+Outcome = tuple[Any, Any, Any, Any]
 
-def reported_fields(fault):
+
+def reported_fields(fault: str) -> set[str]:
     """The fields compare names at the event a fault first changed, exactly (a fault filed under
     another field is not located). ``step:fill`` is the exception: its extra event is compared with
     the env's next one, where any of these may happen to agree, so it names some of them."""
@@ -76,17 +84,19 @@ _NEEDS = {"obs": "step", "action": "any", "reward": "any", "step": "any", "final
           "agent:pad": "end", "agent:swap": "any",
           "terminated:spurious": "step", "truncated:as-term": "truncation", "truncated:drop": "truncation",
           "terminated:drop": "termination", "terminated:as-trunc": "termination"}
-_MEETS = {"any": lambda te, tr: True, "step": lambda te, tr: not (te or tr), "end": lambda te, tr: te or tr,
-          "termination": lambda te, tr: te, "truncation": lambda te, tr: tr and not te}
+_MEETS: dict[str, Callable[[bool, bool], bool]] = {
+    "any": lambda te, tr: True, "step": lambda te, tr: not (te or tr), "end": lambda te, tr: te or tr,
+    "termination": lambda te, tr: te, "truncation": lambda te, tr: tr and not te}
 
 
-def needs(fault):
+def needs(fault: str) -> str:
     """The step a fault needs: "any", "step" (one that does not end its episode), "end", "termination" or
     "truncation" (a time limit, not also a termination)."""
     return _NEEDS.get(fault) or _NEEDS[fault.split(":")[0]]
 
 
-def check_fault(fault, allowed=FAULTS, where="fault"):
+def check_fault(fault: str, allowed: Sequence[str] = FAULTS, where: str = "fault") -> str:
+    """``fault``, if it is one of ``allowed``; else a one-line ValueError that names ``where`` and the choices."""
     if fault not in allowed:
         raise ValueError("%s: unknown or unsupported fault %r; choose one of %s" % (where, fault, ", ".join(allowed)))
     return fault
@@ -102,7 +112,9 @@ class Dose:
     not depend on the run.
     """
 
-    def __init__(self, dose="one", at=10, env=0, seed=0, agent=None):
+    def __init__(self, dose: str | float = "one", at: int = 10, env: int = 0, seed: int = 0,
+                 agent: str | None = None) -> None:
+        self.p: float | None
         if dose == "one" or dose == "all":
             self.kind, self.p = dose, None
         else:
@@ -114,10 +126,10 @@ class Dose:
                 raise ValueError("dose must be 'one', 'all' or a fraction in (0, 1], got %r" % (dose,))
             self.kind, self.p = "fraction", p
         self.at, self.env, self.seed, self.agent = int(at), int(env), int(seed), agent
-        self._rngs = {}
+        self._rngs: dict[tuple[int, Any], np.random.Generator] = {}
         self.done = False
 
-    def draw(self, env, cell, agent=None):
+    def draw(self, env: int, cell: int, agent: Any = None) -> bool:
         """Whether the fault may hit env ``env`` (agent ``agent``) at its step counter ``cell``."""
         if self.kind == "all":
             return True
@@ -128,28 +140,30 @@ class Dose:
         if rng is None:
             key = [self.seed, env] if agent is None else [self.seed, env, zlib.crc32(str(agent).encode())]
             rng = self._rngs[(env, agent)] = np.random.default_rng(key)
-        return bool(rng.random() < self.p)  # one draw per cell, so cells do not depend on the run
+        # one draw per cell, so cells do not depend on the run (a fraction's p, never None here)
+        return bool(rng.random() < self.p)  # type: ignore[operator]
 
-    def took(self):
+    def took(self) -> None:
+        """The fault struck at a drawn cell: a dose "one" is used up."""
         if self.kind == "one":
             self.done = True
 
 
-def _changed(a, b):
+def _changed(a: Any, b: Any) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=True)
 
 
 
 
-def zeros_like(value):
+def zeros_like(value: Any) -> Any:
     """``value`` with every number and array leaf set to zero."""
     return _map(value, lambda v: np.zeros_like(np.asarray(v))
                 if isinstance(v, np.ndarray) else type(v)(0) if isinstance(v, (int, float, np.generic)) else v)
 
 
-def _f16(value):
-    def one(v):
+def _f16(value: Any) -> Any:
+    def one(v: Any) -> Any:
         arr = np.asarray(v)
         if arr.dtype.kind != "f":
             return v
@@ -158,7 +172,7 @@ def _f16(value):
     return _map(value, one)
 
 
-def _clip_half(action, space):
+def _clip_half(action: Any, space: Any) -> Any:
     if not isinstance(space, gs.Box):
         return action
     low, high = space.low, space.high
@@ -168,7 +182,8 @@ def _clip_half(action, space):
 
 
 
-def changed_value(value, way, previous, space=None, other=None):
+def changed_value(value: Any, way: str, previous: Any, space: gs.Space[Any] | None = None,
+                  other: Any = None) -> Any:
     """The faulty version of ``value``, or None when this fault cannot change it here."""
     if way in ("zero", "drop"):  # a dropped reward reaches the trainer as 0 (SuperSuit's rewards.get(agent, 0))
         new = zeros_like(value)
@@ -193,7 +208,7 @@ def changed_value(value, way, previous, space=None, other=None):
     return None
 
 
-def _flat(value):
+def _flat(value: Any) -> list[Any]:
     if isinstance(value, dict):
         return [x for k in sorted(value) for x in _flat(value[k])]
     if isinstance(value, tuple):
@@ -201,7 +216,7 @@ def _flat(value):
     return [value]
 
 
-def changed_reward(reward, way, previous, other=None):
+def changed_reward(reward: Any, way: str, previous: Any, other: Any = None) -> Any:
     """The faulty reward, or None when the change would not survive a float32 cast.
 
     Ledgers keep rewards as float32 by default: a change that vanishes there
@@ -218,7 +233,7 @@ def changed_reward(reward, way, previous, other=None):
 EVENT_FIELDS = ("obs", "reward", "terminated", "truncated")
 
 
-def _event_changes(event, other):
+def _event_changes(event: Outcome, other: Sequence[Any]) -> list[str]:
     """The fields in which ``other`` (obs, reward, terminated, truncated) differs from ``event``, as a ledger
     sees them (a reward as float32)."""
     (obs, reward, te, tr), (o_obs, o_reward, o_te, o_tr) = event, other
@@ -228,7 +243,7 @@ def _event_changes(event, other):
     return [name for name, c in zip(EVENT_FIELDS, changes) if c]
 
 
-def changed_flags(fault, terminated, truncated):
+def changed_flags(fault: str, terminated: Any, truncated: Any) -> tuple[bool, bool] | None:
     """Faulty (terminated, truncated), or None when the fault has no opportunity here."""
     terminated, truncated = bool(terminated), bool(truncated)
     if fault == "terminated:spurious":
@@ -247,14 +262,16 @@ def changed_flags(fault, terminated, truncated):
 class _Where:
     """Records the first change: env, episode, step, field (and agent); optionally to a JSON file."""
 
-    def __init__(self, record):
-        self.first = None
-        self.by_env = {}  # env (or, per agent, the agent's stream) -> its first change
+    def __init__(self, record: str | os.PathLike[str] | None) -> None:
+        self.first: Record | None = None
+        self.by_env: dict[int, Record] = {}  # env (or, per agent, the agent's stream) -> its first change
         self.count = 0
         self.record = os.fspath(record) if record is not None else None
-        self.agents = None  # possible_agents, set by a multi-agent adapter: a record then names the agent's stream
+        # possible_agents, set by a multi-agent adapter: a record then names the agent's stream
+        self.agents: list[Any] | None = None
 
-    def hit(self, env, episode, step, fault, agent=None, fields=None):
+    def hit(self, env: int, episode: int, step: int, fault: str, agent: Any = None,
+            fields: Sequence[str] | None = None) -> None:
         self.count += 1
         key = int(env)
         if agent is not None and self.agents is not None:  # the agent's stream: SuperSuit's vector slot
@@ -279,7 +296,7 @@ class _Where:
                 os.replace(tmp, self.record)
 
 
-def read_record(path):
+def read_record(path: str | os.PathLike[str]) -> Any:
     """The first change an injector in another process recorded, or None."""
     try:
         with open(path) as f:
@@ -293,7 +310,11 @@ class _Stream:
 
     __slots__ = ("cells", "episode", "step", "ended", "open", "drawn", "prev_obs", "prev_reward", "prev_action")
 
-    def __init__(self):
+    prev_obs: Any
+    prev_action: Any
+    prev_reward: Any
+
+    def __init__(self) -> None:
         self.cells = 0  # steps opened over the stream's life: the dose's cell counter
         self.episode, self.step = -1, 0  # as the env-side ledger counts them
         self.ended = False  # the last step ended its episode (by the true flags) and no reset followed yet
@@ -359,21 +380,24 @@ class FaultEngine:
         owner: the name that errors give.
     """
 
-    def __init__(self, fault, dose="one", at=10, target=0, seed=0, record=None, action_space=None,
-                 target_agent=None, allowed=FAULTS, owner="FaultEngine"):
+    def __init__(self, fault: str, dose: str | float = "one", at: int = 10, target: int = 0, seed: int = 0,
+                 record: str | os.PathLike[str] | None = None, action_space: gs.Space[Any] | None = None,
+                 target_agent: str | None = None, allowed: Sequence[str] = FAULTS,
+                 owner: str = "FaultEngine") -> None:
         self.fault = check_fault(fault, allowed, owner)
         self.field, self.way = fault.split(":")
         self._meets = _MEETS[needs(fault)]
         self.dose = Dose(dose, at, target, seed, target_agent)
         self.where = _Where(record)
         self.action_space = action_space
-        self._streams = {}
+        self._streams: dict[tuple[int, Any], _Stream] = {}
 
     @property
-    def first(self):
+    def first(self) -> Record | None:
+        """Where the fault first changed a value, or None."""
         return self.where.first
 
-    def _open(self, env, agent):
+    def _open(self, env: int, agent: Any) -> _Stream:
         s = self._streams.get((env, agent))
         if s is None:
             s = self._streams[(env, agent)] = _Stream()
@@ -382,12 +406,12 @@ class FaultEngine:
             s.cells += 1
         return s
 
-    def _hit(self, s, env, agent, fields=None):
+    def _hit(self, s: _Stream, env: int, agent: Any, fields: Sequence[str] | None = None) -> None:
         s.drawn = False
         self.dose.took()
         self.where.hit(env, s.episode, s.step + 1, self.fault, agent, fields)
 
-    def reset(self, env, obs, agent=None):
+    def reset(self, env: int, obs: Any, agent: Any = None) -> None:
         """Env ``env`` was reset and returned ``obs``: a new episode starts."""
         s = self._streams.get((env, agent))
         if s is None:
@@ -395,16 +419,17 @@ class FaultEngine:
         s.episode, s.step, s.ended, s.open = s.episode + 1, 0, False, False
         s.prev_obs, s.prev_reward = _copy(obs), 0.0
 
-    def awaiting_reset(self, env, agent=None):
+    def awaiting_reset(self, env: int, agent: Any = None) -> bool:
+        """Whether env's last step ended its episode with no reset since."""
         s = self._streams.get((env, agent))
         return s is not None and s.ended
 
-    def position(self, env, agent=None):
+    def position(self, env: int, agent: Any = None) -> tuple[int, int]:
         """(episode, step) of env's last event, as the env-side ledger counts them."""
         s = self._streams[(env, agent)]
         return s.episode, s.step
 
-    def fill(self, env, agent=None):
+    def fill(self, env: int, agent: Any = None) -> tuple[Any, Any] | None:
         """For ``step:fill``: the (obs, reward) to send instead of stepping env, or None to step it."""
         s = self._open(env, agent)
         if self.field != "step" or not s.drawn or s.prev_obs is None:
@@ -413,7 +438,7 @@ class FaultEngine:
         s.open = False  # the env does not step: its position stays
         return _copy(s.prev_obs), s.prev_reward
 
-    def action(self, env, action, other=None, agent=None):
+    def action(self, env: int, action: Any, other: Any = None, agent: Any = None) -> Any:
         """A step of env opens; returns the action to send (``other``: the action of the env to swap with)."""
         s = self._open(env, agent)
         if self.field != "action":
@@ -427,7 +452,8 @@ class FaultEngine:
         s.prev_action = _copy(action)
         return sent
 
-    def step(self, env, obs, reward, terminated, truncated, other=None, agent=None):
+    def step(self, env: int, obs: Any, reward: Any, terminated: Any, truncated: Any, other: Any = None,
+             agent: Any = None) -> Outcome:
         """The step of env closes; returns (obs, reward, terminated, truncated) to send on.
 
         ``obs`` is the one the step ended on (None: the library gave none);
@@ -435,11 +461,13 @@ class FaultEngine:
         """
         return self._close(env, obs, reward, terminated, truncated, other, agent)[0]
 
-    def _close(self, env, obs, reward, terminated, truncated, other, agent):
+    def _close(self, env: int, obs: Any, reward: Any, terminated: Any, truncated: Any, other: Any,
+               agent: Any) -> tuple[Outcome, bool]:
         s = self._open(env, agent)
         s.open = False
         ended = bool(terminated) or bool(truncated)
-        out, fields = None, None
+        out: tuple[Any, ...] | None = None
+        fields: list[str] | None = None
         if s.drawn and self._meets(bool(terminated), bool(truncated)):
             field, way = self.field, self.way
             if field == "agent":  # the whole event replaced by the one the adapter passes (None: no opportunity)
@@ -462,12 +490,13 @@ class FaultEngine:
         s.prev_reward = reward
         return (obs, reward, terminated, truncated) if out is None else out, out is not None
 
-    def actions(self, actions, stepping):
+    def actions(self, actions: Sequence[Any], stepping: Sequence[Any]) -> dict[int, Any]:
         """A vector step opens: ``actions[i]`` is env i's, ``stepping[i]`` whether env i steps (not a reset step).
 
         Returns {env: the action to send} for the envs whose action changed; each env swaps with the next.
         """
-        n, changed = len(actions), {}
+        n = len(actions)
+        changed: dict[int, Any] = {}
         for i, a in enumerate(actions):
             if stepping[i]:
                 sent = self.action(i, a, other=actions[(i + 1) % n] if n > 1 else None)
@@ -475,12 +504,13 @@ class FaultEngine:
                     changed[i] = sent
         return changed
 
-    def steps(self, outcomes, stepping):
+    def steps(self, outcomes: Sequence[Outcome], stepping: Sequence[Any]) -> dict[int, Outcome]:
         """A vector step closes: ``outcomes[i]`` is env i's (obs it ended on, reward, terminated, truncated).
 
         Returns {env: (obs, reward, terminated, truncated)} for the envs the fault struck.
         """
-        n, changed = len(outcomes), {}
+        n = len(outcomes)
+        changed: dict[int, Outcome] = {}
         for i, (obs, reward, terminated, truncated) in enumerate(outcomes):
             if stepping[i]:
                 other = outcomes[(i + 1) % n][:2] if n > 1 else None
@@ -505,9 +535,30 @@ MULTIAGENT_FAULTS = tuple(f for f in ENV_SIDE_FAULTS
 class Injector:
     """What every library's injector shows of its engine (``self.engine``, a FaultEngine)."""
 
-    fault = property(lambda self: self.engine.fault)
-    field = property(lambda self: self.engine.field)
-    way = property(lambda self: self.engine.way)
-    dose = property(lambda self: self.engine.dose)
-    where = property(lambda self: self.engine.where)
-    first = property(lambda self: self.engine.where.first, doc="Where the fault first changed a value, or None.")
+    engine: FaultEngine
+
+    @property
+    def fault(self) -> str:
+        return self.engine.fault
+
+    @property
+    def field(self) -> str:
+        return self.engine.field
+
+    @property
+    def way(self) -> str:
+        return self.engine.way
+
+    @property
+    def dose(self) -> Dose:
+        return self.engine.dose
+
+    @property
+    def where(self) -> _Where:
+        return self.engine.where
+
+    @property
+    def first(self) -> Record | None:
+        """Where the fault first changed a value, or None."""
+        return self.engine.where.first
+

@@ -244,8 +244,9 @@ _MAX_DEFLATE_RATIO = 1032  # raw deflate never gives more than this many bytes f
 _STORED, _DEFLATED = 0, 8
 
 # What zlib and numpy's header parser raise on a damaged member.
-_READ_ERRORS = (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError,
-                RuntimeError, OverflowError) + INFLATE_ERRORS
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError, RuntimeError,
+    OverflowError) + INFLATE_ERRORS
 
 
 def _short(exc):
@@ -448,7 +449,7 @@ def _header_fields(text):
         at += 1
         return value
 
-    fields = {}
+    fields: dict[str, object] = {}
     take("{")
     while tokens[at][0] != "}":
         key = take("str")
@@ -464,7 +465,7 @@ def _header_fields(text):
                 elif len(shape) == 1 and tokens[at - 1][0] != ",":
                     raise ValueError("bad .npy header (a shape of one dimension without its comma)")
             at += 1
-            value = tuple(shape)
+            value: object = tuple(shape)
         elif kind == "[":
             raise ValueError("bad .npy header (a structured dtype; a ledger's arrays are plain)")
         elif kind in ("str", "bool"):
@@ -606,7 +607,7 @@ class _ColumnSource:
         want = (stop - start) * row_bytes
         if want == 0:
             return out
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # an ndarray is a buffer
         offset = self.info.data + self.header_len + start * row_bytes
         got = 0
         try:

@@ -17,6 +17,7 @@ compare.py), the writer (recording.py, ledgerfile.py) and the uploader's stages.
 import os
 import re
 import socket
+from typing import Any
 
 from stepledger.format import schema as S
 
@@ -24,7 +25,7 @@ HOST = socket.gethostname()
 
 # the random part is 8 hex digits, maybe all of them digits: a start time is a number followed by another part
 _TMP = re.compile(re.escape(S.TMP_INFIX) + r"(\d+)(?:(?:-(\d+))?-[0-9a-f]+)?")
-_OWN = [None, None]  # [pid, start time] of this process, read once per process (a forked child reads again)
+_OWN: list[Any] = [None, None]  # [pid, start time] of this process, read once per process (a forked child reads again)
 
 
 def start_time(pid):

@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import warnings
+from typing import Any
 
 from stepledger.format import processes
 from stepledger.format import storage
@@ -87,7 +88,7 @@ class _Uploader:
 
     def __init__(self):
         self.pid = os.getpid()
-        self.jobs = queue.Queue(QUEUE_SIZE)
+        self.jobs: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
         self.thread = threading.Thread(target=self._run, name="stepledger-upload", daemon=True)
         self.thread.start()
 
@@ -134,8 +135,9 @@ def _uploader():
 
 # ---------------------------------------------------------------- closing before the executors stop
 
-_AT_EXIT = {}  # id(RemoteLedger) -> (pid, callback): what must run while uploads can still run
-_HOOKED = []
+# id(RemoteLedger) -> (pid, callback): what must run while uploads can still run
+_AT_EXIT: dict[int, tuple[int, Any]] = {}
+_HOOKED: list[Any] = []
 
 
 def _close_before_executors_stop():

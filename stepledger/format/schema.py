@@ -6,6 +6,7 @@ facts for readers in other languages.
 """
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -193,8 +194,8 @@ TOKEN_FIELDS = (
 TOKEN_FORMAT = "<" + "".join(code for _, code in TOKEN_FIELDS)
 TOKEN_SIZE = struct.calcsize(TOKEN_FORMAT)
 # Where each field of the token starts, and its width, in bytes.
-TOKEN_OFFSETS = {}
-TOKEN_WIDTHS = {}
+TOKEN_OFFSETS: dict[str, int] = {}
+TOKEN_WIDTHS: dict[str, int] = {}
 for _name, _code in TOKEN_FIELDS:
     TOKEN_OFFSETS[_name] = sum(TOKEN_WIDTHS.values())
     TOKEN_WIDTHS[_name] = struct.calcsize("<" + _code)
@@ -389,7 +390,7 @@ def _space_leaves(desc, key, depth, out):
                                       % (_short_json(sub), " or null" if name == "edge_space" else ""))
                 _space_leaves(sub, "%s.%s" % (key, name), depth + 1, out)
         else:  # OneOf
-            subs = desc.get("spaces")
+            subs: Any = desc.get("spaces")  # JSON, checked before use
             if not isinstance(subs, list) or not subs:
                 raise MetaProblem(key + ".spaces", "is %s, expected a non-empty list" % _short_json(subs))
             for i, sub in enumerate(subs):

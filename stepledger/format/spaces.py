@@ -15,13 +15,28 @@ index of its sub-space, then the value. A space that holds any of these is
 into each env's value before casting.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
 import numpy as np
 from gymnasium import spaces as gs
 
 from stepledger.errors import UnsupportedSpaceError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def canonical_dtype(dtype):
+
+#: a space's description (``describe_space``): JSON-ready, the form a ledger's meta holds
+Description = dict[str, Any]
+#: where a leaf sits in a value: Dict keys and Tuple indices, outermost first
+Path = tuple[Any, ...]
+#: the nested description ``_structure`` gives of a space
+Structure = tuple[Any, ...]
+
+
+def canonical_dtype(dtype: npt.DTypeLike) -> np.dtype[Any]:
     """The little-endian form of a dtype, which digests are computed over."""
     dtype = np.dtype(dtype)
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
@@ -32,12 +47,12 @@ class Leaf:
 
     __slots__ = ("path", "dtype", "shape")
 
-    def __init__(self, path, dtype, shape):
+    def __init__(self, path: Path, dtype: npt.DTypeLike, shape: Sequence[int]) -> None:
         self.path = path
         self.dtype = canonical_dtype(dtype)
         self.shape = tuple(int(d) for d in shape)
 
-    def name(self):
+    def name(self) -> str:
         """The leaf's key path as a report shows it, e.g. ``['pos'][0]``."""
         return "".join("[%r]" % (p,) for p in self.path)
 
@@ -52,7 +67,7 @@ _VARIABLE = (gs.Text, gs.Sequence, gs.Graph, gs.OneOf)
 _SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple, Text, Sequence, Graph and OneOf"
 
 
-def _check_type(space, path, what):
+def _check_type(space: gs.Space[Any], path: Path, what: str) -> None:
     if isinstance(space, _FIXED + _VARIABLE + (gs.Dict, gs.Tuple)):
         return
     where = "".join("[%r]" % (p,) for p in path)
@@ -62,11 +77,11 @@ def _check_type(space, path, what):
         % (what, where, type(space).__name__, _SUPPORTED))
 
 
-def _leaf_dtype(space):
-    return _INT64 if isinstance(space, gs.Discrete) else canonical_dtype(space.dtype)
+def _leaf_dtype(space: gs.Space[Any]) -> np.dtype[Any]:
+    return _INT64 if isinstance(space, gs.Discrete) else canonical_dtype(space.dtype)  # type: ignore[arg-type]
 
 
-def _structure(space, path=(), what="space"):
+def _structure(space: gs.Space[Any], path: Path = (), what: str = "space") -> Structure:
     """A nested description used to walk values, checking every space on the way.
 
     ("leaf", dtype), ("dict", keys, subs), ("tuple", None, subs), ("text",),
@@ -95,10 +110,11 @@ def _structure(space, path=(), what="space"):
                                             % (what, "".join("[%r]" % (p,) for p in path), name, type(sub).__name__))
         edge = None if space.edge_space is None else _leaf_dtype(space.edge_space)
         return ("graph", _leaf_dtype(space.node_space), edge)
+    assert isinstance(space, gs.OneOf)  # the one left of those _check_type lets through
     return ("oneof", None, [_structure(s, path + (i,), what) for i, s in enumerate(space.spaces)])
 
 
-def _is_variable(structure):
+def _is_variable(structure: Structure) -> bool:
     kind = structure[0]
     if kind == "leaf":
         return False
@@ -107,18 +123,19 @@ def _is_variable(structure):
     return True
 
 
-def _fixed_leaves(space, path, out):
+def _fixed_leaves(space: gs.Space[Any], path: Path, out: list[Leaf]) -> None:
     if isinstance(space, _FIXED):
         out.append(Leaf(path, _leaf_dtype(space), () if isinstance(space, gs.Discrete) else space.shape))
     elif isinstance(space, gs.Dict):
         for key in sorted(space.spaces):
             _fixed_leaves(space.spaces[key], path + (key,), out)
     else:
+        assert isinstance(space, gs.Tuple)  # what _check_type leaves of a fixed space
         for i, sub in enumerate(space.spaces):
             _fixed_leaves(sub, path + (i,), out)
 
 
-def _cast_leaf(value, dtype, out):
+def _cast_leaf(value: Any, dtype: np.dtype[Any], out: list[Any]) -> None:
     # np.asarray, not np.ascontiguousarray: that one turns a scalar into shape (1,).
     arr = np.asarray(value, dtype=dtype)
     if not arr.flags.c_contiguous:
@@ -126,14 +143,14 @@ def _cast_leaf(value, dtype, out):
     out.append(arr)
 
 
-def _index(value, n):
+def _index(value: Any, n: int) -> int:
     """An int in [0, n) given as a Python or NumPy integer (not a bool), else ValueError."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
         raise ValueError("not an index below %d: %r" % (n, value))
     return int(value)
 
 
-def _flatten(structure, value, out):
+def _flatten(structure: Structure, value: Any, out: list[Any]) -> None:
     kind = structure[0]
     if kind == "leaf":
         _cast_leaf(value, structure[1], out)
@@ -187,7 +204,7 @@ def _flatten(structure, value, out):
         _flatten(subs[i], value[1], out)
 
 
-def _split(structure, batch, n):
+def _split(structure: Structure, batch: Any, n: int) -> list[Any]:
     """Each env's value in a vector env's batch (Gymnasium's layout: arrays for fixed
     leaves, a tuple of values for a variable space), as ``iterate`` gives them."""
     kind = structure[0]
@@ -215,11 +232,11 @@ class LeafLayout:
     fixed ``leaves``; its batches are cast env by env (``cast_each``).
     """
 
-    def __init__(self, space, what="space"):
+    def __init__(self, space: gs.Space[Any], what: str = "space") -> None:
         self.space = space
         self.structure = _structure(space, (), what)
         self.variable = _is_variable(self.structure)
-        self.leaves = []
+        self.leaves: list[Leaf] = []
         if not self.variable:
             _fixed_leaves(space, (), self.leaves)
         self.dtypes = [leaf.dtype for leaf in self.leaves]
@@ -227,22 +244,25 @@ class LeafLayout:
         # The compiled core digests a lone leaf without going through cast():
         # fast_leaf is (dtype, shape) when the space is one Box-like leaf.
         single = self.structure[0] == "leaf"
-        self.fast_leaf = (self.dtypes[0], self.leaves[0].shape) if single else None
+        self.fast_leaf: tuple[np.dtype[Any], tuple[int, ...]] | None = \
+            (self.dtypes[0], self.leaves[0].shape) if single else None
         self.discrete = isinstance(space, gs.Discrete)
 
-    def cast(self, value):
-        out = []
+    def cast(self, value: Any) -> list[np.ndarray]:
+        """The leaves of one value, each cast to its leaf's dtype; raises on a value that cannot be cast."""
+        out: list[np.ndarray] = []
         _flatten(self.structure, value, out)
         return out
 
-    def cast_batch(self, batch):
+    def cast_batch(self, batch: Any) -> list[np.ndarray]:
+        """The leaves of a vector env's batch, each with a leading env dimension (a fixed space only)."""
         if self.variable:
             raise ValueError("a batch of a variable space is cast env by env")
-        out = []
+        out: list[np.ndarray] = []
         _flatten(self.structure, batch, out)
         return out
 
-    def cast_each(self, batch, n):
+    def cast_each(self, batch: Any, n: int) -> list[list[np.ndarray] | None]:
         """The cast leaves of each env's value in a vector env's batch; None for an env whose
         value cannot be cast. For a variable space (a loop over envs: its values are Python
         objects, one per env); for a fixed one, the rows of cast_rows."""
@@ -256,7 +276,7 @@ class LeafLayout:
             values = _split(self.structure, batch, n)
         except Exception:  # not a batch of n values: every env's is invalid
             return [None] * n
-        out = []
+        out: list[list[np.ndarray] | None] = []
         for value in values:
             try:
                 out.append(self.cast(value))
@@ -264,11 +284,11 @@ class LeafLayout:
                 out.append(None)
         return out
 
-    def cast_per_env(self, batch, n):
+    def cast_per_env(self, batch: Any, n: int) -> list[list[np.ndarray] | None]:
         """The cast leaves of each env's value in a batch that sends env i ``batch[i]`` (SB3's
         layout), copied so that an env that edits its value in place cannot change them; None
         for an env whose value cannot be taken or cast."""
-        out = []
+        out: list[list[np.ndarray] | None] = []
         for i in range(n):
             try:
                 out.append([np.array(leaf, copy=True) for leaf in self.cast(batch[i])])
@@ -276,7 +296,7 @@ class LeafLayout:
                 out.append(None)
         return out
 
-    def cast_rows(self, batch, n):
+    def cast_rows(self, batch: Any, n: int) -> list[np.ndarray]:
         """Like cast_batch, also for a batch of one-leaf values given as a list."""
         leaves = self.cast_batch(batch)
         for arr in leaves:
@@ -285,7 +305,7 @@ class LeafLayout:
         return leaves
 
 
-def _bound(arr):
+def _bound(arr: Any) -> Any:
     arr = np.asarray(arr)
     flat = arr.reshape(-1)
     if flat.size and np.all(flat == flat[0]) and not np.isnan(flat[0]):
@@ -293,12 +313,12 @@ def _bound(arr):
     return [_scalar(x) for x in flat.tolist()]
 
 
-def _scalar(x):
+def _scalar(x: Any) -> Any:
     x = x.item() if hasattr(x, "item") else x
     return x
 
 
-def describe_space(space):
+def describe_space(space: gs.Space[Any]) -> Description:
     """A JSON-ready description of a space, compared between the two sides."""
     _check_type(space, (), "space")
     if isinstance(space, gs.Box):
@@ -334,7 +354,7 @@ _NOT_DIGESTED = {"Box": ("low", "high"), "Discrete": ("n", "start"), "MultiDiscr
                  "Text": ("min_length", "max_length", "charset")}
 
 
-def digest_signature(description):
+def digest_signature(description: Any) -> Any:
     """A space description without what digests do not depend on.
 
     Digests depend on the structure (space types, Dict keys, Tuple lengths)
@@ -344,8 +364,9 @@ def digest_signature(description):
     """
     if not isinstance(description, dict):
         return description
-    t = description.get("type")
-    out = {}
+    t: Any = description.get("type")
+    out: dict[str, Any] = {}
+
     for key, value in description.items():
         if key in _NOT_DIGESTED.get(t, ()):
             continue
@@ -364,11 +385,11 @@ def digest_signature(description):
 class GraphValue:
     """A Graph value rebuilt from its leaves, for reports."""
 
-    def __init__(self, nodes, edges, edge_links):
+    def __init__(self, nodes: np.ndarray, edges: np.ndarray | None, edge_links: np.ndarray | None) -> None:
         self.nodes, self.edges, self.edge_links = nodes, edges, edge_links
 
 
-def is_variable_description(description):
+def is_variable_description(description: Any) -> bool:
     """True when a described space holds Text, Sequence, Graph or OneOf (no fixed leaves)."""
     t = description.get("type") if isinstance(description, dict) else None
     if t in ("Text", "Sequence", "Graph", "OneOf"):
@@ -380,19 +401,19 @@ def is_variable_description(description):
     return False
 
 
-def unflatten(description, leaves):
+def unflatten(description: Description, leaves: Sequence[Any]) -> Any:
     """A value rebuilt from its leaves (the inverse of flattening, for reports): arrays, and
     str, tuple, dict, GraphValue and (index, value) where the space has them. ValueError if
     the leaves do not fit the description."""
     it = iter(leaves)
 
-    def take():
+    def take() -> np.ndarray:
         try:
             return np.asarray(next(it))
         except StopIteration:
             raise ValueError("too few leaves for the space") from None
 
-    def build(d):
+    def build(d: Description) -> Any:
         t = d["type"]
         if t == "Dict":
             return {k: build(d["spaces"][k]) for k in sorted(d["spaces"])}
@@ -423,11 +444,13 @@ def unflatten(description, leaves):
     return value
 
 
-def leaf_names(description, path=""):
+def leaf_names(description: Description, path: str = "") -> list[str]:
     """Leaf key paths of a described space, in digest order."""
     t = description["type"]
+    out: list[str]
     if t == "Dict":
         out = []
+
         for k in sorted(description["spaces"]):
             out += leaf_names(description["spaces"][k], "%s[%r]" % (path, k))
         return out

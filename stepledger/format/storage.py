@@ -32,12 +32,17 @@ Uploads in the background, their retries and what is kept on local disk when
 storage fails are uploader.py's job.
 """
 
+from __future__ import annotations
+
 import os
 import posixpath
 import re
 import uuid
+from typing import TypeVar
 
 from stepledger.errors import LedgerError
+
+_T = TypeVar("_T")
 
 EXTRA_HINT = "pip install 'plugrl-stepledger[remote]'"
 
@@ -59,7 +64,7 @@ class RemoteUnavailable(LedgerError, ImportError):
     """A URL was given but fsspec (the ``remote`` extra) is not installed."""
 
 
-def local_path(path):
+def local_path(path: _T) -> _T | str:
     """A ``file://`` (or ``local://``) URL as a plain local path; anything else unchanged."""
     if isinstance(path, str) and path[:8].lower().startswith(_LOCAL_SCHEMES):
         rest = path.split("://", 1)[1]

@@ -16,8 +16,10 @@ give the same bytes.
 
 import os
 import struct
+import types
 import zlib
 
+_deflate: types.ModuleType  # isal's isal_zlib where it is installed, else zlib: the same API
 try:
     from isal import isal_zlib as _deflate
     DEFLATE = "isal"

@@ -9,18 +9,30 @@ library's that the table in ``stepledger.libraries`` lists (SB3's ``subproc``
 and ``dummy``), or a callable.
 """
 
+from __future__ import annotations
+
 import functools
 import os
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from stepledger import libraries
-from stepledger.faults.check import clean_steps, faults_from, no_opportunity, registered_env, run_check, time_limit
-from stepledger.faults.engine import ENV_SIDE_FAULTS, check_fault, read_record
+from stepledger.faults.check import (CheckReport, clean_steps, faults_from, no_opportunity, registered_env,
+                                     run_check, time_limit)
+from stepledger.faults.engine import ENV_SIDE_FAULTS, Record, check_fault, read_record
 from stepledger.gymnasium.env import LedgerEnv
 from stepledger.gymnasium.faults import FaultyEnv
 from stepledger.gymnasium.vector import LedgerVectorEnv
-from stepledger.report.compare import compare
+from stepledger.report.compare import Report, compare
+
+if TYPE_CHECKING:
+    import argparse
+
+    import gymnasium as gym
+
+#: the user's env factory: ``env_fn(index)`` returns env ``index``
+EnvFactory = Callable[[int], "gym.Env[Any, Any]"]
 
 VECTORS = ("sync", "async")  # this library's; check_boundary takes every library's (libraries.vector_kinds())
 
@@ -30,44 +42,47 @@ class Vector:
     trainer-side ledger goes around it. Libraries with vector envs of their own subclass it (SB3's
     ``stepledger.sb3.check.SB3Vector``)."""
 
-    def __init__(self, build):
+    def __init__(self, build: Callable[[Sequence[Callable[[], Any]]], Any]) -> None:
         self.build = build  # [env factory] -> vector env
 
-    def ledgered(self, venv, path):
+    def ledgered(self, venv: Any, path: str) -> Any:
         """The vector env with the trainer-side ledger around it."""
         return LedgerVectorEnv(venv, path)
 
-    def action_space(self, venv):
+    def action_space(self, venv: Any) -> gym.Space[Any]:
+        """The single env's action space, whose samples the rollout sends."""
         return venv.single_action_space
 
-    def reset(self, venv, seed):
+    def reset(self, venv: Any, seed: int) -> None:
         venv.reset(seed=seed)
 
 
-def vector(kind, autoreset="next"):
+def vector(kind: str, autoreset: str = "next") -> Vector:
     """Gymnasium's vector env of ``kind`` ("sync" or "async") with ``autoreset`` ("next" or "same")."""
     import gymnasium as gym
     if autoreset == "same" and not hasattr(gym.vector, "AutoresetMode"):
         raise ValueError("check_boundary: autoreset='same' needs Gymnasium 1.1 or later (Gymnasium %s's vector "
                          "envs always reset on the next step)" % gym.__version__)
 
-    def build(fns):
-        kwargs = {}
+    def build(fns: Sequence[Callable[[], Any]]) -> Any:
+        kwargs: dict[str, Any] = {}
         if autoreset == "same":
             kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
-        cls = gym.vector.SyncVectorEnv if kind == "sync" else gym.vector.AsyncVectorEnv
+        cls: Any = gym.vector.SyncVectorEnv if kind == "sync" else gym.vector.AsyncVectorEnv
         return cls(fns, **kwargs)
     return Vector(build)
 
 
-def _ledgered(env_fn, directory, index, fault, record, target, at):
-    env = LedgerEnv(env_fn(index), directory, index=index)
+def _ledgered(env_fn: EnvFactory, directory: str, index: int, fault: str | None, record: str, target: int,
+              at: int) -> gym.Env[Any, Any]:
+    env: gym.Env[Any, Any] = LedgerEnv(env_fn(index), directory, index=index)
     if fault is not None:
         env = FaultyEnv(env, fault, index=index, at=at, target=target, record=record)
     return env
 
 
-def _rollout(env_fn, vector, n_envs, steps, directory, fault, target, at, seed):
+def _rollout(env_fn: EnvFactory, vector: Vector, n_envs: int, steps: int, directory: str, fault: str | None,
+             target: int, at: int, seed: int) -> tuple[Report, Record | None]:
     record = os.path.join(directory, "fault.json")
     fns = [functools.partial(_ledgered, env_fn, directory, i, fault, record, target, at) for i in range(n_envs)]
     trainer_file = os.path.join(directory, "trainer.npz")
@@ -85,8 +100,12 @@ def _rollout(env_fn, vector, n_envs, steps, directory, fault, target, at, seed):
     return compare(directory, trainer_file), (read_record(record) if fault else None)
 
 
-def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200, faults=ENV_SIDE_FAULTS,
-                   at=5, target=None, seed=0, directory=None, keep=False, progress=None):
+def check_boundary(env_fn: EnvFactory, vector: str | Callable[[Sequence[Callable[[], Any]]], Any] = "sync",
+
+                   autoreset: str = "next", n_envs: int = 4, steps: int = 200,
+                   faults: Sequence[str] = ENV_SIDE_FAULTS, at: int = 5, target: int | None = None, seed: int = 0,
+                   directory: str | None = None, keep: bool = False,
+                   progress: Callable[[int, int], Any] | None = None) -> CheckReport:
     """Check that the ledgers catch and locate every boundary fault on this stack.
 
     Args:
@@ -116,6 +135,7 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
             raise ValueError("check_boundary: %s must be a positive int, got %r" % (name, value))
     if autoreset not in ("next", "same"):
         raise ValueError("check_boundary: autoreset must be 'next' or 'same', got %r" % (autoreset,))
+    build: Vector
     if isinstance(vector, str):
         kinds = libraries.vector_kinds()
         if vector not in kinds:
@@ -126,21 +146,22 @@ def check_boundary(env_fn, vector="sync", autoreset="next", n_envs=4, steps=200,
     else:
         raise TypeError("check_boundary: vector must be a name or a callable, got %r" % (vector,))
     faults = [check_fault(f, ENV_SIDE_FAULTS, "check_boundary") for f in faults]
-    target = n_envs - 1 if target is None else int(target)
-    if not 0 <= target < n_envs:
-        raise ValueError("check_boundary: target must be an env index below n_envs=%d, got %r" % (n_envs, target))
-    limit = functools.lru_cache(None)(lambda: time_limit(env_fn, target))
+    hit = n_envs - 1 if target is None else int(target)
+    if not 0 <= hit < n_envs:
+        raise ValueError("check_boundary: target must be an env index below n_envs=%d, got %r" % (n_envs, hit))
+    limit = functools.lru_cache(None)(lambda: time_limit(env_fn, hit))
 
-    def one(sub, fault):
-        return _rollout(env_fn, build, n_envs, steps, sub, fault, target, at, seed)
+    def one(sub: str, fault: str | None) -> tuple[Report, Record | None]:
+        return _rollout(env_fn, build, n_envs, steps, sub, fault, hit, at, seed)
 
-    def opportunity(fault, clean_dir):
-        return no_opportunity(fault, *clean_steps(clean_dir, target), at, target, limit)
+    def opportunity(fault: str, clean_dir: str) -> tuple[str, int | None]:
+        return no_opportunity(fault, *clean_steps(clean_dir, hit), at, hit, limit)
 
     return run_check(one, faults, opportunity, directory, keep, steps, progress)
 
 
-def check_from_cli(args, progress):
+def check_from_cli(args: argparse.Namespace, progress: Callable[[int, int], Any] | None) -> CheckReport:
+
     """``stepledger check --trainer vector``: check_boundary on ``args.env_id`` with ``args.vector``."""
     faults = faults_from(args.faults, ENV_SIDE_FAULTS)
     env_fn = registered_env(args.env_id, args.max_episode_steps)

@@ -3,6 +3,11 @@
 Both drive the library-free ``stepledger.faults.FaultEngine``; docs/FAULTS.md has the faults and doses.
 """
 
+from __future__ import annotations
+
+import os
+from typing import Any, SupportsFloat
+
 import gymnasium as gym
 import numpy as np
 
@@ -30,13 +35,14 @@ class FaultyEnv(Injector, gym.Wrapper):
         record: a JSON file to write where the fault first changed a value.
     """
 
-    def __init__(self, env, fault, index=None, dose="one", at=10, target=0, seed=0, record=None):
+    def __init__(self, env: gym.Env[Any, Any], fault: str, index: int | None = None, dose: str | float = "one",
+                 at: int = 10, target: int = 0, seed: int = 0, record: str | os.PathLike[str] | None = None) -> None:
         super().__init__(env)
         self.index = None if index is None else int(index)
         self.engine = FaultEngine(fault, dose, at, target, seed, record, env.action_space,
                                   allowed=ENV_SIDE_FAULTS, owner="FaultyEnv")
 
-    def reset(self, *, seed=None, options=None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         if self.index is None:  # the LedgerEnv inside has its index once it was reset
             try:
@@ -50,13 +56,14 @@ class FaultyEnv(Injector, gym.Wrapper):
         self.engine.reset(self.index, obs)
         return obs, info
 
-    def step(self, action):
-        filled = self.engine.fill(self.index)
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        index: int = self.index  # type: ignore[assignment]  # None only before the first reset, which sets it
+        filled = self.engine.fill(index)
         if filled is not None:
             return filled[0], filled[1], False, False, {}
-        action = self.engine.action(self.index, action)
+        action = self.engine.action(index, action)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return self.engine.step(self.index, obs, reward, terminated, truncated) + (info,)
+        return self.engine.step(index, obs, reward, terminated, truncated) + (info,)
 
 
 class FaultyVectorEnv(Injector, gym.vector.VectorWrapper):
@@ -69,14 +76,17 @@ class FaultyVectorEnv(Injector, gym.vector.VectorWrapper):
     ``autoreset_mode`` as LedgerVectorEnv reads it.
     """
 
-    def __init__(self, env, fault, dose="one", at=10, target=0, seed=0, record=None, autoreset_mode=None):
+    def __init__(self, env: gym.vector.VectorEnv, fault: str, dose: str | float = "one", at: int = 10,
+                 target: int = 0, seed: int = 0, record: str | os.PathLike[str] | None = None,
+                 autoreset_mode: Any = None) -> None:
         super().__init__(env)
         self.engine = FaultEngine(fault, dose, at, target, seed, record, self.single_action_space,
                                   allowed=TRAINER_SIDE_FAULTS, owner="FaultyVectorEnv")
         self.mode = resolve_autoreset_mode(env, autoreset_mode, "FaultyVectorEnv")
         self.next_step = self.mode == NEXT_STEP
 
-    def reset(self, *, seed=None, options=None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+
         mask = options.get("reset_mask") if options else None
         obs, info = self.env.reset(seed=seed, options=options)
         for i in range(self.num_envs):
@@ -84,7 +94,7 @@ class FaultyVectorEnv(Injector, gym.vector.VectorWrapper):
                 self.engine.reset(i, _row(obs, i))
         return obs, info
 
-    def step(self, actions):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         n, engine, next_step = self.num_envs, self.engine, self.next_step
         stepping = [not (next_step and engine.awaiting_reset(i)) for i in range(n)]
         changed = engine.actions([_row(actions, i) for i in range(n)], stepping)
@@ -118,7 +128,8 @@ class FaultyVectorEnv(Injector, gym.vector.VectorWrapper):
         return sent, rewards, terminated, truncated, info
 
 
-def _set_final(info, i, value, n):
+def _set_final(info: dict[str, Any], i: int, value: Any, n: int) -> None:
+
     """Make ``value`` env i's final obs in ``info``, copying ``final_obs`` and its mask rather than editing them.
 
     ``final_obs`` is an object array, or a dict of arrays where a vector env's

@@ -218,7 +218,9 @@ class LiveCheck:
 
     def _index_faults(self, pairs):
         """Faults for envs whose first token is another env's: duplicates named one by one, the rest in one line."""
-        faults, rest, claimed = [], [], {}
+        faults: list[BoundaryFault] = []
+        rest: list[tuple[int, int]] = []
+        claimed: dict[int, int] = {}
         for index, env in pairs:
             # env ``index`` receiving valid tokens of its own, or an env earlier in this list, has this index too
             own = index < len(self.rec.token_seen) and bool(self.rec.token_seen[index])

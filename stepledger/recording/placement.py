@@ -83,7 +83,7 @@ def outer_env_wrappers(env):
         subs = own_attr(e, "envs")
     names = []
     for sub in subs if isinstance(subs, (list, tuple)) else ():
-        above = []
+        above: list[str] = []
         for e in _chain(sub):
             if any(cls.__name__ == "LedgerEnv" for cls in type(e).__mro__):
                 names += [n for n in above if n not in names]
@@ -125,7 +125,7 @@ def slot_infos(venv, infos):
             break
     if starts is None or len(starts) != len(infos) + 1:
         return infos
-    out = [{} for _ in range(starts[-1])]
+    out: list[dict[str, object]] = [{} for _ in range(starts[-1])]
     for first, pairs in zip(starts, infos):
         for i, info in pairs:
             out[first + i] = info

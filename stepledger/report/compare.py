@@ -5,8 +5,11 @@ runs in bounded memory whatever their length, and stops reading an env's
 streams at their first difference unless every difference is to be counted.
 """
 
+from __future__ import annotations
+
 import os
 import time
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -18,7 +21,10 @@ from stepledger import wording
 from stepledger.report.base import DifferenceReport
 from stepledger.errors import LedgerError, SettingsError
 from stepledger.format.ledgerfile import CHUNK, positions
-from stepledger.report.read import FIRST_EVENTS, MergedLedger, env_index_of, fragments_of, read, read_ledger, read_trainers
+from stepledger.report.read import (FIRST_EVENTS, Columns, Ledger, LedgerPath, MergedLedger, Meta, Overlap,
+                                    Stream, TrainerSpec, env_index_of, fragments_of, read, read_ledger,
+                                    read_trainers)
+
 from stepledger.format.spaces import is_variable_description, leaf_names
 from stepledger.wording import settings_difference  # noqa: F401  (compare.settings_difference, as before)
 
@@ -36,21 +42,30 @@ class EnvDifference:
     ``trainer_values`` map a field to its printed value where known.
     """
 
-    def __init__(self, env, what, event=None, episode=None, step=None, fields=(), env_values=None,
-                 trainer_values=None, env_events=None, trainer_events=None, side=None, counts=None, detail=None):
+    def __init__(self, env: int, what: str, event: int | None = None, episode: int | None = None,
+                 step: int | None = None, fields: Iterable[str] = (), env_values: dict[str, Any] | None = None,
+                 trainer_values: dict[str, Any] | None = None, env_events: int | None = None,
+                 trainer_events: int | None = None, side: str | None = None, counts: dict[str, Any] | None = None,
+                 detail: dict[str, Any] | None = None) -> None:
         self.env, self.what, self.event = env, what, event
         self.episode, self.step, self.fields = episode, step, tuple(fields)
-        self.env_values = env_values or {}
-        self.trainer_values = trainer_values or {}
+        self.env_values: dict[str, Any] = env_values or {}
+        self.trainer_values: dict[str, Any] = trainer_values or {}
         self.env_events, self.trainer_events = env_events, trainer_events
-        self.side, self.counts, self.detail = side, counts, detail or {}
-        self.raw = {}  # field -> (env leaves, trainer leaves, leaf names), where values were kept
-        self.patterns = []  # with count_all: where each field's differences fall (stepledger.wording.pattern)
-        self.trainer_file = None  # the trainer file that holds this env's stream, if any
-        self.agents = None  # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
-        self.untold = None  # (the env's end flag, steps the trainer got after it): an end the trainer missed
+        self.side, self.counts = side, counts
+        self.detail: dict[str, Any] = detail or {}
+        # field -> (env leaves, trainer leaves, leaf names), where values were kept
+        self.raw: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
+        # with count_all: where each field's differences fall (stepledger.wording.pattern)
+        self.patterns: list[str] = []
+        self.trainer_file: str | None = None  # the trainer file that holds this env's stream, if any
+        # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
+        self.agents: list[str] | None = None
+        # (the env's end flag, steps the trainer got after it): an end the trainer missed
+        self.untold: tuple[str, int] | None = None
 
-    def line(self):
+    def line(self) -> str:
+        """The report's line for this env."""
         if self.what == "one_side":
             return wording.one_side_line(self.env, self.side,
                                          self.env_events if self.side == "env" else self.trainer_events, self.agents)
@@ -58,17 +73,17 @@ class EnvDifference:
             return wording.length_line(self.env, self.episode, self.step, self.env_events, self.trainer_events,
                                        self.agents)
         if self.what == "overlap":
-            return wording.overlap_line(self.env, self.episode, self.step, *self.detail["events"],
-                                        *self.detail["files"], self.agents)
+            (first, last), (before, name) = self.detail["events"], self.detail["files"]
+            return wording.overlap_line(self.env, self.episode, self.step, first, last, before, name, self.agents)
         line = wording.difference_line(self.env, self.episode, self.step, self.fields, self.env_values,
                                        self.trainer_values, self.detail, self.agents)
         if self.untold is not None:
             line += "; " + wording.untold_end(self.env, self.agents, *self.untold)
         return line
 
-    def _json_values(self, values, side):
+    def _json_values(self, values: dict[str, Any], side: int) -> dict[str, Any]:
         """The printed values as JSON values: numbers, booleans, lists of numbers; text where not numeric."""
-        out = {}
+        out: dict[str, Any] = {}
         for f, text in values.items():
             if f in ("terminated", "truncated"):
                 out[f] = text == "True"
@@ -85,8 +100,8 @@ class EnvDifference:
                 out[f] = text
         return out
 
-    def to_dict(self):
-        d = {"env": self.env, "type": self.what}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"env": self.env, "type": self.what}
         if self.what in ("fields", "kind"):
             d.update(event=self.event, episode=self.episode, step=self.step, fields=list(self.fields),
                      env_values=self._json_values(self.env_values, 0),
@@ -110,7 +125,8 @@ class EnvDifference:
         if self.untold is not None:
             d["untold_end"], d["steps_never_taken"] = self.untold
         if self.agents:
-            d["env_copy"], d["agent"] = self.env // len(self.agents), self.agents[self.env % len(self.agents)]
+            d["env_copy"] = self.env // len(self.agents)
+            d["agent"] = self.agents[self.env % len(self.agents)]
         d["line"] = self.line()
         return d
 
@@ -123,23 +139,27 @@ class Report(DifferenceReport):
     report, one line per differing env, then ``N of M envs differ``.
     """
 
-    def __init__(self, envs, differences, partial, values_hint, count_all, notes=(), agent_streams=False):
+    differences: list[EnvDifference]
+
+    def __init__(self, envs: list[int], differences: list[EnvDifference], partial: dict[str, bool],
+                 values_hint: bool, count_all: bool, notes: Iterable[str] = (), agent_streams: bool = False) -> None:
         self.envs = envs
         self.agent_streams = agent_streams  # the streams are agents of multi-agent env copies, not envs
         self.differences = differences
         self.partial = partial  # {"env": bool, "trainer": bool}
         self.values_hint = values_hint
         self.count_all = count_all
-        self.hints = []  # lines that name a likely cause (stepledger.wording), after the notes
+        self.hints: list[str] = []  # lines that name a likely cause (stepledger.wording), after the notes
         # Lines that are not differences: streams that end at different points in a run that
         # did not end cleanly, ledgers of other runs left out, ledgers still being written.
         self.notes = list(notes)
-        self.trainer_files = []  # the names of the trainer files compared
+        self.trainer_files: list[str] = []  # the names of the trainer files compared
 
-    def by_env(self):
+    def by_env(self) -> dict[int, EnvDifference]:
+        """The differences by env index."""
         return {d.env: d for d in self.differences}
 
-    def lines(self):
+    def lines(self) -> list[str]:
         out = [d.line() for d in self.differences]
         if self.count_all:
             for d in self.differences:
@@ -156,11 +176,11 @@ class Report(DifferenceReport):
         out += self.hints
         return out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Report ok=%s: %s>" % (self.ok, wording.envs_differ(len(self.differences), len(self.envs),
                                                                    self.agent_streams))
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
                 "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
                 "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes),
@@ -171,13 +191,13 @@ class Report(DifferenceReport):
 _JSON_VALUES_LIMIT = 4096  # elements; a larger kept value appears in JSON as its shortened text
 
 
-def _json_size(leaves):
+def _json_size(leaves: Iterable[Any]) -> int:
     return sum(int(np.asarray(v).size) for v in leaves)
 
 
 # ---------------------------------------------------------------- settings
 
-def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
+def check_comparable(env_meta: Meta, trainer_meta: Meta, env_path: LedgerPath, trainer_path: LedgerPath) -> None:
     """Refuse (LedgerError) when the two ledgers cannot be compared."""
     if env_meta.get(S.META_SIDE) == "trainer" and trainer_meta.get(S.META_SIDE) == "env":
         raise LedgerError(wording.wrong_order(env_path, trainer_path))
@@ -193,7 +213,7 @@ def check_comparable(env_meta, trainer_meta, env_path, trainer_path):
         raise SettingsError(msg)
 
 
-def _digest_format(version):
+def _digest_format(version: Any) -> Any:
     """Versions whose events compare: 1 and 2 differ only in meta keys that say which run a file is of."""
     return 1 if version in (1, 2) else version
 
@@ -204,7 +224,7 @@ def _digest_format(version):
 CLOCK_SLACK = 2.0
 
 
-def other_run(env_meta, trainer_meta):
+def other_run(env_meta: Meta, trainer_meta: Meta) -> str | None:
     """Why an env ledger is not of the trainer ledger's run, or None if it is (or cannot be told).
 
     Both carry a run id when the trainer side could reach the env side (through
@@ -217,8 +237,10 @@ def other_run(env_meta, trainer_meta):
         if er == tr:
             return None
         return wording.other_run_id(er, env_meta.get(S.META_UPDATED), tr)
-    e_started, e_updated = env_meta.get(S.META_STARTED), env_meta.get(S.META_UPDATED)
-    t_started, t_updated = trainer_meta.get(S.META_STARTED), trainer_meta.get(S.META_UPDATED)
+    e_started: Any = env_meta.get(S.META_STARTED)  # times, once checked below
+    e_updated: Any = env_meta.get(S.META_UPDATED)
+    t_started: Any = trainer_meta.get(S.META_STARTED)
+    t_updated: Any = trainer_meta.get(S.META_UPDATED)
     if not all(isinstance(t, (int, float)) for t in (e_started, e_updated, t_started, t_updated)):
         return None  # format version 1: no times to go by
     if e_updated < t_started - CLOCK_SLACK:
@@ -228,19 +250,19 @@ def other_run(env_meta, trainer_meta):
     return None
 
 
-def _closed(meta):
+def _closed(meta: Meta) -> bool:
     """Closed cleanly: close() after a run no exception interrupted. Version 1 files count as closed."""
     return meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED
 
 
-def _writer_alive(meta):
+def _writer_alive(meta: Meta) -> bool | None:
     pid, start = meta.get(S.META_PID), meta.get(S.META_PID_START)
     if meta.get(S.META_HOST) != processes.HOST or not isinstance(pid, int):
         return None  # another machine: cannot tell
     return processes.running(pid, start)
 
 
-def how_it_ended(meta):
+def how_it_ended(meta: Meta) -> str | None:
     """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
     if state == S.STATE_OPEN:
@@ -248,7 +270,7 @@ def how_it_ended(meta):
     return wording.ENDED.get(state)
 
 
-def _ledger_note(name, meta, events):
+def _ledger_note(name: str, meta: Meta, events: int) -> str | None:
     """One line for a ledger that was not closed cleanly: how it ended, when it was last written, how much."""
     ended = how_it_ended(meta)
     if ended is None:
@@ -256,15 +278,15 @@ def _ledger_note(name, meta, events):
     return wording.ledger_note(name, ended, meta.get(S.META_UPDATED), events)
 
 
-def _agents_of(stream):
+def _agents_of(stream: Stream) -> list[str] | None:
     """The agents of a multi-agent env ledger's streams (its file's possible_agents), or None."""
     agents = stream.meta.get(S.META_POSSIBLE_AGENTS)
     return agents if isinstance(agents, list) and agents else None
 
 
-def _env_notes(env_ledger, env_dir):
+def _env_notes(env_ledger: Ledger, env_dir: LedgerPath) -> list[str]:
     """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
-    groups = {}
+    groups: dict[str, set[int]] = {}
     for idx, stream in env_ledger.streams.items():
         ended = how_it_ended(stream.meta)
         if ended is not None:
@@ -273,7 +295,7 @@ def _env_notes(env_ledger, env_dir):
     return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())]
 
 
-def _ends_note(env_id, es, ts):
+def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:
     """The line for streams that agree as far as both go, in a run that did not end cleanly."""
     n_env, n_tr = len(es), len(ts)
     if n_env < n_tr:
@@ -287,7 +309,7 @@ def _ends_note(env_id, es, ts):
 
 # ---------------------------------------------------------------- values
 
-def _first_element(env_leaves, tr_leaves, names):
+def _first_element(env_leaves: Sequence[Any], tr_leaves: Sequence[Any], names: Sequence[str]) -> str | None:
     if len(env_leaves) != len(tr_leaves):
         return None
     for name, a, b in zip(names, env_leaves, tr_leaves):
@@ -303,9 +325,9 @@ def _first_element(env_leaves, tr_leaves, names):
 
 # ---------------------------------------------------------------- search
 
-def _read_rows(stream, names, start, stop):
+def _read_rows(stream: Stream, names: Sequence[str], start: int, stop: int) -> Columns:
     """Rows [start, stop) of a stream's columns, across its pieces."""
-    parts = {n: [] for n in names}
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     pos = 0
     for p in stream.pieces:
         n = p.stop - p.start
@@ -319,14 +341,15 @@ def _read_rows(stream, names, start, stop):
     return {n: (v[0] if len(v) == 1 else np.concatenate(v)) for n, v in parts.items()}
 
 
-def _compare_stream(env_stream, tr_stream, count_all):
+def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
+                    ) -> tuple[int, dict[str, Any] | None, tuple[int, int] | None]:
     """First differing event index (or -1), counts per field if asked, and env positions."""
     n = min(len(env_stream), len(tr_stream))
     first = -1
-    counts = {f: 0 for f in S.FIELDS} if count_all else None
+    counts: dict[str, Any] | None = {f: 0 for f in S.FIELDS} if count_all else None
     carry = (-1, 0)
-    position = None
-    where = None
+    position: tuple[int, int] | None = None
+    where: _Where | None = None
     for start in range(0, n, CHUNK):
         stop = min(start + CHUNK, n)
         a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
@@ -340,7 +363,7 @@ def _compare_stream(env_stream, tr_stream, count_all):
                 position = (int(ep[-1]), int(st[-1]))
             else:
                 carry = _advance(a["kind"], carry)
-        if count_all and first >= 0:
+        if counts is not None and first >= 0:
             lo = max(first - start, 0)
             for f in S.FIELDS:
                 col = S.FIELD_COLUMNS[f]
@@ -356,7 +379,7 @@ def _compare_stream(env_stream, tr_stream, count_all):
     return first, counts, position
 
 
-def _position_of(stream, index):
+def _position_of(stream: Stream, index: int) -> tuple[int, int]:
     """(episode, step) of event ``index`` of a stream, read chunk by chunk."""
     carry = (-1, 0)
     for start in range(0, index + 1, CHUNK):
@@ -364,7 +387,7 @@ def _position_of(stream, index):
     return carry
 
 
-def _advance(kind, carry):
+def _advance(kind: np.ndarray, carry: tuple[int, int]) -> tuple[int, int]:
     resets = np.flatnonzero(np.asarray(kind) == S.KIND_RESET)
     n = len(kind)
     if resets.size:
@@ -375,7 +398,7 @@ def _advance(kind, carry):
 _PEEK = 64  # trainer events looked at after an end the trainer was not told of
 
 
-def _untold_end(env_stream, tr_stream, index):
+def _untold_end(env_stream: Stream, tr_stream: Stream, index: int) -> tuple[str, int] | None:
     """At a step where the env ended its episode and the trainer was told neither flag, the episode's
     next event on the env side being a reset or none: (the env's flag, how many steps the trainer then
     received that the env never took, up to _PEEK). None for any other difference."""
@@ -397,7 +420,8 @@ def _untold_end(env_stream, tr_stream, index):
     return flag, extra
 
 
-def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
+def _difference_at(env_id: int, env_stream: Stream, tr_stream: Stream, index: int, position: tuple[int, int],
+                   meta: Meta) -> EnvDifference:
     a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, index, index + 1)
     b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, index, index + 1)
     row_a = {k: v[0] for k, v in a.items()}
@@ -406,15 +430,18 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
     ours = {f: row_a[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
     theirs = {f: row_b[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
     if ours["kind"] != theirs["kind"]:
-        env_values, tr_values = wording.event_values(("kind",), ours, theirs, meta[S.META_REWARD_DTYPE])
-        return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_values, tr_values)
+        env_kind, tr_kind = wording.event_values(("kind",), ours, theirs, meta[S.META_REWARD_DTYPE])
+        return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_kind, tr_kind)
     fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
-    env_values, tr_values, detail, raw = {}, {}, {}, {}
+    env_values: dict[str, Any] = {}
+    tr_values: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
+    raw: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
     for f in fields:
         col = S.FIELD_COLUMNS[f]
         if f not in ("obs", "action"):
-            a, b = wording.event_values((f,), ours, theirs, meta[S.META_REWARD_DTYPE])
-            env_values.update(a), tr_values.update(b)
+            env_f, tr_f = wording.event_values((f,), ours, theirs, meta[S.META_REWARD_DTYPE])
+            env_values.update(env_f), tr_values.update(tr_f)
         else:
             which = "obs" if f == "obs" else "act"
             space = meta[S.META_OBS_SPACE if f == "obs" else S.META_ACT_SPACE]
@@ -427,7 +454,7 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
                 tr_values[f] = tb or (wording.values_text(vb, names, shapes, space) if vb is not None else None)
                 if env_values[f] is None or tr_values[f] is None:
                     env_values.pop(f), tr_values.pop(f)
-                elif not (ta or tb) and not is_variable_description(space):
+                elif not (ta or tb) and not is_variable_description(space) and va is not None and vb is not None:
                     where = _first_element(va, vb, names)
                     if where:
                         detail[f] = where
@@ -442,12 +469,12 @@ def _difference_at(env_id, env_stream, tr_stream, index, position, meta):
 class _Where:
     """With count_all: where each field's differences fall, from an env's first difference on."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.totals = {"events": 0, "steps": 0, "ends": 0, "starts": 0}
         self.by_field = {f: {"at_steps": 0, "at_ends": 0, "at_starts": 0} for f in S.FIELDS}
-        self._prev_kind = None  # the kind of the event before the chunk
+        self._prev_kind: Any = None  # the kind of the event before the chunk
 
-    def add(self, a, b, lo):
+    def add(self, a: Columns, b: Columns, lo: int) -> None:
         kind = np.asarray(a["kind"])
         prev = np.empty_like(kind)
         prev[0] = S.KIND_STEP if self._prev_kind is None else self._prev_kind
@@ -470,7 +497,7 @@ class _Where:
             c["at_ends"] += int(np.count_nonzero(diff & ends))
             c["at_starts"] += int(np.count_nonzero(diff & starts))
 
-    def patterns(self, counts, episode, step):
+    def patterns(self, counts: dict[str, Any], episode: int | None, step: int | None) -> list[str]:
         out = []
         for f in S.FIELDS:
             n = counts.get(f, 0)
@@ -482,20 +509,20 @@ class _Where:
 _MATCH_EVENTS = FIRST_EVENTS  # events compared when looking for an env file that matches another env's stream
 
 
-def _prefix(stream):
+def _prefix(stream: Stream) -> Columns | None:
     """The first events of a stream (at most _MATCH_EVENTS), read once for every pairing."""
     n = min(len(stream), _MATCH_EVENTS)
     return _read_rows(stream, S.EVENT_COLUMN_NAMES, 0, n) if n else None
 
 
-def _prefixes_match(a, b):
+def _prefixes_match(a: Columns | None, b: Columns | None) -> bool:
     if a is None or b is None:
         return False
     n = min(len(a["kind"]), len(b["kind"]))
     return core.first_difference({k: v[:n] for k, v in a.items()}, {k: v[:n] for k, v in b.items()}) < 0
 
 
-def _index_hint(report, env_ledger, tr_ledger):
+def _index_hint(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> str | None:
     """A line when env files match other trainer envs' streams (index= wrong, swapped or duplicated), or None.
 
     Only envs that differ from their very first events, or that are on one
@@ -509,7 +536,8 @@ def _index_hint(report, env_ledger, tr_ledger):
         return None
     env_prefix = {e: _prefix(env_ledger.streams[e]) for e in env_side}
     tr_prefix = {t: _prefix(tr_ledger.streams[t]) for t in tr_side}
-    pairs, taken = [], set()
+    pairs: list[tuple[int, int]] = []
+    taken: set[int] = set()
     for e in env_side:
         for t in tr_side:
             if t != e and t not in taken and _prefixes_match(env_prefix[e], tr_prefix[t]):
@@ -536,10 +564,10 @@ def _index_hint(report, env_ledger, tr_ledger):
     return wording.index_hint(pairs, unmatched, duplicates)
 
 
-def _whole_copies(pairs, n):
+def _whole_copies(pairs: list[tuple[int, int]], n: int) -> list[tuple[int, int]] | None:
     """(env file's copy, trainer's copy) when the matching (env stream, trainer stream) ``pairs`` are whole env
     copies of ``n`` agents, each agent matching itself in one other copy; None otherwise."""
-    to = {}
+    to: dict[int, set[int]] = {}
     for e, t in pairs:
         if e % n != t % n:
             return None
@@ -549,14 +577,14 @@ def _whole_copies(pairs, n):
     return sorted((c, ts.pop()) for c, ts in to.items())
 
 
-def _unindexed_notes(env_ledger, tr_ledger):
+def _unindexed_notes(env_ledger: Ledger, tr_ledger: Ledger) -> list[str]:
     """A line for each env ledger recorded without an index, with the trainer stream its first events match:
     one of the trainer's envs that has no env ledger of its own, looked at first, else any."""
-    lines = []
+    lines: list[str] = []
     if not env_ledger.unindexed:
         return lines
     order = sorted(tr_ledger.streams, key=lambda t: (t in env_ledger.streams, t))
-    prefixes = {}
+    prefixes: dict[int, Columns | None] = {}
     for name, meta, events, first in env_ledger.unindexed:
         match = None
         for t in order:
@@ -570,7 +598,7 @@ def _unindexed_notes(env_ledger, tr_ledger):
     return lines
 
 
-def cause_hints(report, env_ledger, tr_ledger):
+def cause_hints(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> list[str]:
     """Hint lines that name the likely cause of a report's differences (worded in stepledger.wording)."""
     if report.ok:
         return []
@@ -580,7 +608,8 @@ def cause_hints(report, env_ledger, tr_ledger):
     hints = []
     diffs = report.differences
     fields = [d for d in diffs if d.what == "fields"]
-    if len(fields) == len(diffs) == len(report.envs) and all(d.episode == 0 and d.step <= 1 for d in fields):
+    if len(fields) == len(diffs) == len(report.envs) and all(
+            d.episode == 0 and d.step is not None and d.step <= 1 for d in fields):
         common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
         if common:
             hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams))
@@ -595,19 +624,20 @@ def cause_hints(report, env_ledger, tr_ledger):
     return hints
 
 
-def _spec_text(spec):
+def _spec_text(spec: TrainerSpec) -> str:
     return ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
 
 
-def _names_a_directory(spec):
-    for p in (spec if isinstance(spec, (list, tuple)) else [spec]):
+def _names_a_directory(spec: TrainerSpec) -> bool:
+    items: list[Any] = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    for p in items:
         p = storage.local_path(os.fspath(p))
         if storage.isdir(p) if storage.is_remote(p) else os.path.isdir(p):
             return True
     return False
 
 
-def _span(meta):
+def _span(meta: Meta) -> tuple[float, float] | None:
     """(began, last written) of a ledger's recording; still being written: until now. None without times."""
     began, written = meta.get(S.META_STARTED), meta.get(S.META_UPDATED)
     if not (isinstance(began, (int, float)) and isinstance(written, (int, float))):
@@ -617,7 +647,7 @@ def _span(meta):
     return began, written
 
 
-def this_run(named):
+def this_run(named: list[tuple[str, Ledger]]) -> tuple[list[tuple[str, Ledger]], list[str]]:
     """The trainer ledgers of the run that began last, and lines for those of earlier runs.
 
     Each learner's file is a recording of its own (its own run id), so the files
@@ -625,11 +655,13 @@ def this_run(named):
     CLOCK_SLACK) are of one run. A file of an earlier run left in the directory
     (a run with more learners, before) is passed over with a line.
     """
-    spans = [_span(led.meta) for _, led in named]
-    if len(named) == 1 or any(sp is None for sp in spans):
+    found = [_span(led.meta) for _, led in named]
+    if len(named) == 1 or any(sp is None for sp in found):
         return named, []
+    spans = [sp for sp in found if sp is not None]  # every one, as just checked
     order = sorted(range(len(named)), key=lambda k: spans[k][0])
-    groups, end = [], None
+    groups: list[list[int]] = []
+    end: float | None = None
     for k in order:
         if end is None or spans[k][0] > end + CLOCK_SLACK:
             groups.append([])
@@ -642,7 +674,7 @@ def this_run(named):
     return [named[k] for k in sorted(current)], lines
 
 
-def _check_trainers(named):
+def _check_trainers(named: list[tuple[str, Ledger]]) -> None:
     """Refuse trainer files of one run that record differently, or that share an env."""
     first_name, first = named[0][0], named[0][1].meta
     for name, led in named[1:]:
@@ -654,7 +686,8 @@ def _check_trainers(named):
         found = wording.differing_setting(meta, first)
         if found is not None:
             raise LedgerError(wording.different_trainer_settings(name, first_name, *found))
-    holders, sliced = {}, {}
+    holders: dict[int, list[str]] = {}
+    sliced: dict[int, list[bool]] = {}
     for name, led in named:
         for idx, stream in led.streams.items():
             if len(stream):  # a stream with no events is not the env's record
@@ -666,7 +699,7 @@ def _check_trainers(named):
         raise LedgerError(wording.env_in_several_trainer_files(clash[0], holders[clash[0]], len(clash) - 1))
 
 
-def read_trainer_side(trainer_files):
+def read_trainer_side(trainer_files: TrainerSpec) -> tuple[MergedLedger, list[str]]:
     """The trainer side of a comparison: one trainer ledger, or several read as one (MergedLedger).
 
     Returns (ledger, lines about files passed over). LedgerError if they cannot be compared together.
@@ -686,7 +719,8 @@ def read_trainer_side(trainer_files):
     return merged, passed + earlier + merged.lines
 
 
-def compare(env_dir, trainer_file, count_all=False, progress=None):
+def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = False,
+            progress: Callable[[int, int], Any] | None = None) -> Report:
     """Compare the env-side ledgers in ``env_dir`` with the trainer side ``trainer_file``.
 
     ``trainer_file`` is a trainer ledger, or several: a list of them, a glob
@@ -717,7 +751,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                 raise LedgerError(wording.wrong_order(env_dir, _spec_text(trainer_file))) from None
         raise
     try:
-        def accept(meta, name):
+        def accept(meta: Meta, name: str) -> str | None:
             idx = env_index_of(name)
             metas = [led.meta for n, led in tr_ledger.named if idx is None or idx not in tr_ledger.source
                      or n in tr_ledger.holders[idx]]
@@ -749,16 +783,17 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
         # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
         # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
         envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
-        overlaps = getattr(tr_ledger, "overlaps", {})
-        differences = []
+        overlaps: dict[int, Overlap] = getattr(tr_ledger, "overlaps", {})
+        differences: list[EnvDifference] = []
         hint = False
         other_runs = {env_index_of(name) for name, _ in env_ledger.skipped} - {None}
-        uncompared = set()
+        uncompared: set[int] = set()
+
         for k, e in enumerate(envs):
             if progress is not None:
                 progress(k, len(envs))
             es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
-            if es is None and (e in other_runs or how_it_ended(ts.meta) == wording.IN_PROGRESS):
+            if es is None and ts is not None and (e in other_runs or how_it_ended(ts.meta) == wording.IN_PROGRESS):
                 # Not compared, and not a difference: its env ledger is another run's (the line on skipped
                 # files says so), or the run goes on and its env ledger may not have written anything yet
                 # (the compare after the run, or a later one, tells)
@@ -782,6 +817,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                 d = EnvDifference(e, "overlap", o, *_position_of(es if o < len(es) else ts, o),
                                   detail={"events": overlap[:2], "files": overlap[2:]})
             elif first >= 0:
+                assert position is not None  # the first difference's position: _compare_stream gives it
                 d = _difference_at(e, es, ts, first, position, meta)
                 d.untold = _untold_end(es, ts, first)
                 hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
@@ -790,7 +826,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                     notes.append(_ends_note(e, es, ts))  # the run ended badly: not a boundary fault
                     continue
                 shared = min(len(es), len(ts))
-                pos = position if shared else (None, None)
+                pos = position if shared and position is not None else (None, None)
                 d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
             else:
                 continue

@@ -34,7 +34,7 @@ def junit_tree(name, cases, other_lines=()):
 
 def _by_env(report):
     """Cases of a compare Report or an EpisodeReport: one per env, failing with its lines."""
-    lines = {}
+    lines: dict[int, list[str]] = {}
     for d in report.differences:
         if getattr(d, "env", None) is not None:
             lines.setdefault(d.env, []).append(d.line())
@@ -45,7 +45,8 @@ def _by_env(report):
 
 def _by_fault(report):
     """Cases of a CheckReport: the clean run, then one per fault."""
-    cases = [("clean run", None if report.clean else "the clean run differs:\n%s" % report.clean)]
+    cases: list[tuple[object, ...]] = [
+        ("clean run", None if report.clean else "the clean run differs:\n%s" % report.clean)]
     for r in report.results:
         if r.located:
             cases.append((r.fault, None))

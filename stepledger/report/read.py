@@ -1,5 +1,7 @@
 """Reading ledgers: ``read(path)`` for a ledger file, a spilled partial ledger or an env directory."""
 
+from __future__ import annotations
+
 import fnmatch
 import glob
 import itertools
@@ -8,6 +10,7 @@ import os
 import re
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -20,15 +23,29 @@ from stepledger.format.ledgerfile import CHUNK, LedgerFile, encoded_offsets, pos
 from stepledger._fallback import decode_leaves
 from stepledger.format.spaces import digest_signature
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
 _DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
+
+#: a ledger's meta, as its file holds it (JSON: the keys are format/schema.py's META_*)
+Meta = dict[str, Any]
+#: event columns by column name (format/schema.py's EVENT_COLUMN_NAMES), all of one length
+Columns = dict[str, np.ndarray]
+#: what ``read`` takes: a ledger file, an env directory or an fsspec URL
+LedgerPath = Union[str, "os.PathLike[str]"]
+#: what ``compare`` takes as the trainer side: one of those, a glob of them, or a list of any of these
+TrainerSpec = Union[LedgerPath, Sequence[LedgerPath]]
+#: ``accept(meta, name)`` of ``read_ledger``: None to read an env ledger, else why it is left out
+Accept = Callable[[Meta, str], Union[str, None]]
 
 
 class _Piece:
     """Rows [start, stop) of one file's columns, belonging to one stream."""
 
-    def __init__(self, lf, start, stop):
+    def __init__(self, lf: LedgerFile, start: int, stop: int) -> None:
         self.lf, self.start, self.stop = lf, start, stop
 
 
@@ -40,15 +57,15 @@ class Stream:
     bounded memory.
     """
 
-    def __init__(self, index, pieces, meta):
+    def __init__(self, index: int, pieces: list[_Piece], meta: Meta) -> None:
         self.index = index
         self.pieces = pieces
         self.meta = meta
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(p.stop - p.start for p in self.pieces)
 
-    def chunks(self, names=S.EVENT_COLUMN_NAMES, size=CHUNK):
+    def chunks(self, names: Sequence[str] = S.EVENT_COLUMN_NAMES, size: int = CHUNK) -> Iterator[Columns]:
         """Yield dicts of column arrays, ``size`` events at most each, in order."""
         for p in self.pieces:
             for start in range(p.start, p.stop, size):
@@ -56,8 +73,8 @@ class Stream:
                 yield {name: p.lf.source(name).read(start, stop) for name in names}
 
     @property
-    def columns(self):
-        parts = {name: [] for name in S.EVENT_COLUMN_NAMES}
+    def columns(self) -> Columns:
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in S.EVENT_COLUMN_NAMES}
         for chunk in self.chunks():
             for name in parts:
                 parts[name].append(np.asarray(chunk[name]))
@@ -68,16 +85,16 @@ class Stream:
         return out
 
     @property
-    def values(self):
+    def values(self) -> dict[str, np.ndarray]:
         """Kept values by member name (``values_obs_0``...), if the side kept them."""
-        out = {}
+        out: dict[str, list[np.ndarray]] = {}
         for p in self.pieces:
             for name in p.lf.members:
                 if name.startswith("values_"):
                     out.setdefault(name, []).append(np.asarray(p.lf.source(name).read(p.start, p.stop)))
         return {name: np.concatenate(v) for name, v in out.items()}
 
-    def value_rows(self, field, index):
+    def value_rows(self, field: str, index: int) -> list[np.ndarray] | None:
         """The kept leaves of ``field`` ('obs' or 'act') at event ``index``, or None.
 
         A value of another shape than its space's was kept as its encoding: its
@@ -99,11 +116,11 @@ class Stream:
         return None
 
 
-def _encoded_offset(lf, field, row):
+def _encoded_offset(lf: LedgerFile, field: str, row: int) -> int:
     return encoded_offsets(lf, field, [row])[0]
 
 
-def encoded_value(lf, field, row):
+def encoded_value(lf: LedgerFile, field: str, row: int) -> list[np.ndarray] | None:
     """The leaves of event ``row``'s kept value if it was kept as its encoding, else None."""
     name = S.ENCODED_LENGTH_MEMBER.format(field=field)
     if name not in lf.members:
@@ -126,64 +143,69 @@ class Ledger:
     """A ledger read back: ``meta`` (dict), ``streams`` (env index -> Stream),
     ``partial`` (True when only spilled segments were found), ``paths``."""
 
-    def __init__(self, path, meta, streams, partial, files):
+    def __init__(self, path: str, meta: Meta, streams: dict[int, Stream], partial: bool,
+                 files: list[LedgerFile]) -> None:
         self.path, self.meta, self.streams, self.partial = path, meta, streams, partial
         self._files = files
-        self._copy = None  # a URL's local copy: (TemporaryDirectory, local path, URL)
-        self.skipped = []     # env directory: (name, reason) of env ledgers left out (see read_ledger)
-        self.duplicates = []  # env directory: (name, env index, meta) of second recordings of an env
-        self.unindexed = []   # env directory: (name, meta, events, first events) of ledgers with no index
+        # a URL's local copy: (TemporaryDirectory, local path, URL)
+        self._copy: tuple[tempfile.TemporaryDirectory[str], str, str] | None = None
+        # env directory: (name, reason) of env ledgers left out (see read_ledger)
+        self.skipped: list[tuple[str, str]] = []
+        # env directory: (name, env index, meta) of second recordings of an env
+        self.duplicates: list[tuple[str, int, Meta]] = []
+        # env directory: (name, meta, events, first events) of ledgers with no index
+        self.unindexed: list[tuple[str, Meta, int, Columns | None]] = []
 
     @property
-    def side(self):
+    def side(self) -> str | None:
         return self.meta.get(S.META_SIDE)
 
-    def n_events(self):
+    def n_events(self) -> int:
         return sum(len(s) for s in self.streams.values())
 
-    def verify(self, stream_ids=None):
+    def verify(self, stream_ids: Iterable[int] | None = None) -> None:
         """Check the CRC-32 of every member of the files holding ``stream_ids`` (default: every file).
 
         Reading stops at the first difference, before the end of a member where
         its checksum is checked: a report of a difference first verifies that
         the bytes it came from are the bytes written. LedgerError if not.
         """
-        files = self._files if stream_ids is None else \
+        files: Iterable[LedgerFile] = self._files if stream_ids is None else \
             {id(p.lf): p.lf for s in stream_ids if s in self.streams for p in self.streams[s].pieces}.values()
         for lf in files:
             lf.verify_all()
 
-    def close(self):
+    def close(self) -> None:
         for lf in self._files:
             lf.close()
         if self._copy is not None:
             self._copy[0].cleanup()
 
-    def rename(self, text):
+    def rename(self, text: str) -> str:
         """``text`` (an error message) with the local copy of a URL's ledger named by its URL."""
         if self._copy is None:
             return text
         return text.replace(self._copy[1], self._copy[2])
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Ledger %s side=%s streams=%d events=%d%s>" % (
             self.path, self.side, len(self.streams), self.n_events(), " partial" if self.partial else "")
 
 
-def _segments(path):
+def _segments(path: str) -> list[str]:
     directory = spill_dir(path)
     if not os.path.isdir(directory):
         return []
     return sorted(glob.glob(os.path.join(directory, "seg-*.npz")))
 
 
-def leftovers(path):
+def leftovers(path: LedgerPath) -> list[tuple[str, str]]:
     """What lies next to the ledgers at ``path`` (a ledger file or a directory) and is not read as a ledger.
 
     Temporary files of writes in progress or cut short (``NAME.tmp-PID-*``),
@@ -197,9 +219,9 @@ def leftovers(path):
         return []
     directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     only = None if os.path.isdir(path) else os.path.basename(path)
-    out = []
+    out: list[tuple[str, str]] = []
 
-    def tmp_line(rel):
+    def tmp_line(rel: str) -> tuple[str, str]:
         writer = processes.tmp_writer(rel)
         if writer is not None and processes.running(*writer):
             return rel, "a write in progress (process %d)" % writer[0]
@@ -246,23 +268,24 @@ def leftovers(path):
     return out
 
 
-def _covering(files):
+def _covering(files: list[LedgerFile]) -> tuple[list[LedgerFile], list[LedgerFile]]:
     """The segments of one writer that are current: a merged segment covers the ones it replaced."""
-    covered = set()
+    covered: set[int] = set()
     for lf in files:
         first = lf.meta.get(S.META_SEGMENT)
         through = lf.meta.get(S.META_THROUGH)
         if isinstance(first, int) and isinstance(through, int):
             covered.update(range(first + 1, through + 1))
-    keep, drop = [], []
+    keep: list[LedgerFile] = []
+    drop: list[LedgerFile] = []
     for lf in files:
         (drop if lf.meta.get(S.META_SEGMENT) in covered else keep).append(lf)
     return keep, drop
 
 
-def _newest_writer(files):
+def _newest_writer(files: list[LedgerFile]) -> tuple[list[LedgerFile], list[LedgerFile]]:
     """Files of the recording that began last (an earlier run's left-overs lose); v1 files have no writer."""
-    by_writer = {}
+    by_writer: dict[str | None, list[LedgerFile]] = {}
     for lf in files:
         by_writer.setdefault(lf.meta.get(S.META_WRITER), []).append(lf)
     if len(by_writer) == 1:
@@ -275,13 +298,13 @@ def _newest_writer(files):
 _CHANGING_FOR = 10.0  # seconds a ledger path may keep changing under the reader before it gives up
 
 
-def _read_one(path):
+def _read_one(path: str) -> tuple[list[LedgerFile], bool]:
     """Files of one ledger path: the final file, or its spilled segments if they are this run's and hold more.
 
     A ledger being written changes under the reader: its segments are merged, or removed once the
     final file is there. A file that vanishes between the listing and its opening is looked for again.
     """
-    deadline = None
+    deadline: float | None = None
     for attempt in itertools.count():
         if attempt:
             # Looked at again at once, then after a growing pause: a writer that spills and merges every few
@@ -292,7 +315,7 @@ def _read_one(path):
             if attempt > 1:
                 time.sleep(min(0.0005 * 2 ** attempt, 0.05))
         seg_paths = _segments(path)
-        opened = []
+        opened: list[LedgerFile] = []
         has_final = os.path.exists(path)
         listed = seg_paths + [path] if has_final else seg_paths
         try:
@@ -316,7 +339,7 @@ def _read_one(path):
     raise LedgerError("%s: keeps changing while it is read" % path)
 
 
-def _choose(path, final, segs):
+def _choose(path: str, final: LedgerFile | None, segs: list[LedgerFile]) -> tuple[list[LedgerFile], bool]:
     seg_paths = segs
     if seg_paths:
         segs, stale = _newest_writer(segs)
@@ -345,7 +368,7 @@ def _choose(path, final, segs):
     return [final], False
 
 
-def _meta_key(meta):
+def _meta_key(meta: Meta) -> Meta:
     """A file's settings: what two files of one ledger, or two env ledgers of one run, agree on. Spaces
     only by what their values are digested over (sub-envs may differ in Box bounds, as
     observation_mode="different" allows); not what names the file (writer, run, times: PER_FILE_META)."""
@@ -356,7 +379,7 @@ def _meta_key(meta):
     return key
 
 
-def read(path):
+def read(path: LedgerPath) -> Ledger:
     """Read a ledger file, or every ``env-N.npz`` of an env directory.
 
     A ledger whose process was killed before it wrote its final file is read
@@ -366,7 +389,7 @@ def read(path):
     return read_ledger(path)
 
 
-def read_ledger(path, accept=None):
+def read_ledger(path: LedgerPath, accept: Accept | None = None) -> Ledger:
     """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
 
     ``accept`` returns None to read a file, or the reason it is left out (it is
@@ -382,7 +405,9 @@ def read_ledger(path, accept=None):
     if storage.is_remote(path):
         return _read_url(path, accept)
     if os.path.isdir(path) and not path.endswith(".spill"):
-        names, duplicates, unindexed = set(), [], set()
+        names: set[str] = set()
+        duplicates: list[str] = []
+        unindexed: set[str] = set()
         for entry in os.listdir(path):
             m = _ENV_FILE.match(entry)
             if m:
@@ -404,9 +429,14 @@ def read_ledger(path, accept=None):
                                   "recorded by LedgerEnvs that had no index at their first event: %s"
                                   % (path, _named(sorted(unindexed)), wording.SET_INDEX_HOW))
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
-        files, streams, meta, partial, skipped, dups = [], {}, None, False, [], []
-        origin = {}  # env index -> the file its stream was read from
-        for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
+        files: list[LedgerFile] = []
+        streams: dict[int, Stream] = {}
+        meta: Meta | None = None
+        partial = False
+        skipped: list[tuple[str, str]] = []
+        dups: list[tuple[str, int, Meta]] = []
+        origin: dict[int, str] = {}  # env index -> the file its stream was read from
+        for name in sorted(names, key=_env_file_index):
             sub = _read_file(os.path.join(path, name))
             reason = accept(sub.meta, name) if accept else None
             if reason:
@@ -435,17 +465,17 @@ def read_ledger(path, accept=None):
             if reason:
                 skipped.append((name, reason))
             else:
-                dups.append((name, int(_DUP_FILE.match(name).group(1)), dup_meta))
-        lost = []
+                dups.append((name, _dup_file_index(name), dup_meta))
+        lost: list[tuple[str, Meta, int, Columns | None]] = []
         for name in sorted(unindexed):
             with _read_file(os.path.join(path, name)) as sub:
                 reason = accept(sub.meta, name) if accept else None
                 if reason:
                     skipped.append((name, reason))
                     continue
-                stream = next(iter(sub.streams.values()), None)
-                n = len(stream) if stream is not None else 0
-                first = {k: np.asarray(v) for k, v in _first_rows(stream).items()} if n else None
+                only = next(iter(sub.streams.values()), None)
+                n = len(only) if only is not None else 0
+                first = {k: np.asarray(v) for k, v in _first_rows(only).items()} if only is not None and n else None
                 lost.append((name, dict(sub.meta), n, first))
         if meta is None:
             ledger = Ledger(path, {}, {}, False, [])
@@ -456,12 +486,26 @@ def read_ledger(path, accept=None):
     return _read_file(path)
 
 
+def _env_file_index(name: str) -> int:
+    """N of a name ``env-N.npz`` (one that _ENV_FILE matches)."""
+    m = _ENV_FILE.match(name)
+    assert m is not None
+    return int(m.group(1))
+
+
+def _dup_file_index(name: str) -> int:
+    """N of a name ``env-N.dup-*.npz`` (one that _DUP_FILE matches)."""
+    m = _DUP_FILE.match(name)
+    assert m is not None
+    return int(m.group(1))
+
+
 FIRST_EVENTS = 4096  # events of a stream compared when looking for the trainer stream it matches
 
 
-def _first_rows(stream):
+def _first_rows(stream: Stream) -> Columns:
     """The first events of a stream (at most FIRST_EVENTS), as columns."""
-    parts = {n: [] for n in S.EVENT_COLUMN_NAMES}
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in S.EVENT_COLUMN_NAMES}
     got = 0
     for chunk in stream.chunks(size=FIRST_EVENTS):
         for n in parts:
@@ -472,16 +516,16 @@ def _first_rows(stream):
     return {n: np.concatenate(v) for n, v in parts.items()}
 
 
-def _named(names):
+def _named(names: list[str]) -> str:
     return ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
 
 
-def _read_file(path):
+def _read_file(path: str) -> Ledger:
     files, partial = _read_one(path)
     meta = dict(files[-1].meta)  # the newest file says how far the recording got and which run it is
     meta.pop(S.META_SEGMENT, None)
     meta.pop(S.META_THROUGH, None)
-    pieces = {}
+    pieces: dict[int, list[_Piece]] = {}
     for lf in files:
         if _meta_key(lf.meta) != _meta_key(files[0].meta):
             raise LedgerError("%s: its spilled segments disagree on their settings" % lf.path)
@@ -491,7 +535,7 @@ def _read_file(path):
     return Ledger(path, meta, streams, partial, files)
 
 
-def _read_url(url, accept=None):
+def _read_url(url: str, accept: Accept | None = None) -> Ledger:
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
     The copy is removed when the Ledger is closed. Error messages name the URL.
@@ -505,7 +549,7 @@ def _read_url(url, accept=None):
                 raise LedgerError("%s: is a directory, not a ledger file" % url)
             local = os.path.join(tmp.name, "ledger")
             os.makedirs(local)
-            copies = []  # fetched together: object stores download them concurrently
+            copies: list[tuple[str, str]] = []  # fetched together: object stores download them concurrently
             for name in storage.listdir(url):
                 if _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name):
                     copies.append((storage.join(url, name), os.path.join(local, name)))
@@ -528,7 +572,7 @@ def _read_url(url, accept=None):
     return ledger
 
 
-def _segment_copies(url, local):
+def _segment_copies(url: str, local: str) -> list[tuple[str, str]]:
     """(URL, local path) of each spill segment of the ledger ``url`` (``url.spill/seg-*.npz``), next to its copy."""
     directory = spill_dir(url)
     return [(storage.join(directory, name), os.path.join(spill_dir(local), name))
@@ -540,23 +584,23 @@ def _segment_copies(url, local):
 _PATTERN = re.compile(r"[*?\[]")
 
 
-def env_index_of(name):
+def env_index_of(name: str) -> int | None:
     """The env index an env ledger's file name gives (``env-3.npz``, ``env-3.dup-*.npz``), else None."""
     m = _ENV_FILE.match(name) or _DUP_FILE.match(name)
     return int(m.group(1)) if m else None
 
 
-def _trainer_name(name):
+def _trainer_name(name: str) -> bool:
     """A file name a trainer ledger may have, from a glob or a directory: ``*.npz``, not an env ledger's
     name, not a temporary file."""
     return name.endswith(".npz") and S.TMP_INFIX not in name and not (
         _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name))
 
 
-def _ledgers_in(directory, names, match):
+def _ledgers_in(directory: str, names: Iterable[str], match: Callable[[str], bool]) -> list[str]:
     """The ledger paths among ``names`` (entries of ``directory``) that ``match`` accepts: files ``*.npz``,
     and ledgers that are only spill segments (``NAME.npz.spill/``, a writer killed before its final file)."""
-    found = set()
+    found: set[str] = set()
     remote = storage.is_remote(directory)
     for name in names:
         base = name[: -len(".spill")] if name.endswith(".npz.spill") else name
@@ -570,7 +614,7 @@ def _ledgers_in(directory, names, match):
     return [storage.join(directory, n) if remote else os.path.join(directory, n) for n in sorted(found)]
 
 
-def trainer_paths(spec):
+def trainer_paths(spec: TrainerSpec) -> list[tuple[str, bool]]:
     """What a compare argument names as trainer ledgers: [(path, strict)].
 
     ``spec`` is a ledger file or URL, a glob of them (``ledger/trainer-*.npz``;
@@ -582,10 +626,11 @@ def trainer_paths(spec):
     passed over with a line rather than refused. LedgerError if one names
     nothing.
     """
-    specs = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    specs: list[Any] = list(spec) if isinstance(spec, (list, tuple)) else [spec]
     if not specs:
         raise LedgerError("no trainer ledger given")
-    out, seen = [], set()
+    out: list[tuple[str, bool]] = []
+    seen: set[str] = set()
     for item in specs:
         if not isinstance(item, (str, os.PathLike)):
             raise LedgerError("a trainer ledger must be a path, a glob or a URL, got %r" % (item,))
@@ -621,13 +666,14 @@ def trainer_paths(spec):
     return out
 
 
-def read_trainers(spec):
+def read_trainers(spec: TrainerSpec) -> tuple[list[tuple[str, Ledger]], list[str]]:
     """Read every trainer ledger ``spec`` names (see trainer_paths): ([(name, Ledger)], [lines of files passed over]).
 
     ``name`` is the file's base name, or its path where two share a base name.
     """
     paths = trainer_paths(spec)
-    ledgers, passed = [], []
+    ledgers: list[tuple[str, Ledger]] = []
+    passed: list[str] = []
     try:
         for p, strict in paths:
             try:
@@ -647,8 +693,9 @@ def read_trainers(spec):
                 continue
             ledgers.append((p, led))
         if not ledgers:
-            named = ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
-            raise LedgerError("%s: no trainer ledger there can be read (%s)" % (named, "; ".join(passed[:2])))
+            given = ", ".join(str(x) for x in spec) if isinstance(spec, (list, tuple)) else str(spec)
+            raise LedgerError("%s: no trainer ledger there can be read (%s)" % (given, "; ".join(passed[:2])))
+
     except BaseException:
         for _, led in ledgers:
             led.close()
@@ -658,7 +705,7 @@ def read_trainers(spec):
     return named, passed
 
 
-def fragments_of(name, stream):
+def fragments_of(name: str, stream: Stream) -> list[tuple[int, int]] | None:
     """[(offset, row), ...] of a trainer stream that holds slices of its env's stream (META_FRAGMENTS), or None."""
     found = stream.meta.get(S.META_FRAGMENTS)
     pairs = found.get(str(stream.index)) if isinstance(found, dict) else None
@@ -669,12 +716,13 @@ def fragments_of(name, stream):
     if not ok or [p[1] for p in pairs] != sorted(p[1] for p in pairs):
         raise LedgerError("%s: the fragments of env %d in its meta are damaged (%s)" % (name, stream.index,
                                                                                        json.dumps(pairs)[:80]))
-    return [tuple(p) for p in pairs]
+    return [(p[0], p[1]) for p in pairs]
 
 
-def _rows_of(stream, start, stop):
+def _rows_of(stream: Stream, start: int, stop: int) -> list[_Piece]:
     """The pieces of rows [start, stop) of a stream."""
-    out, at = [], 0
+    out: list[_Piece] = []
+    at = 0
     for p in stream.pieces:
         n = p.stop - p.start
         lo, hi = max(start, at), min(stop, at + n)
@@ -684,7 +732,12 @@ def _rows_of(stream, start, stop):
     return out
 
 
-def stitch(idx, parts):
+#: where two trainer files hold the same events: (first event, last event, the file before, the file that holds
+#: them again)
+Overlap = tuple[int, int, Union[str, None], str]
+
+
+def stitch(idx: int, parts: list[tuple[str, Stream]]) -> tuple[Stream, list[str], Overlap | None]:
     """One env's trainer stream from the slices of it that several trainer files hold: (Stream, lines, overlap).
 
     ``parts`` is [(file name, Stream)], each stream with its fragments (``fragments_of``). The slices are
@@ -696,7 +749,7 @@ def stitch(idx, parts):
     one, (first event, last event, the file before, the file that holds them again), or None, and compare
     reports it at its first event.
     """
-    slices = []
+    slices: list[tuple[int, int, str, Stream, int]] = []
     for name, stream in parts:
         pairs = fragments_of(name, stream) or [(0, 0)]
         n = len(stream)
@@ -706,7 +759,11 @@ def stitch(idx, parts):
                 slices.append((offset, stop - row, name, stream, row))
     slices.sort(key=lambda x: (x[0], x[1]))
     closed = all(s.meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED for _, s in parts)
-    pieces, lines, at, before, overlap = [], [], 0, None, None
+    pieces: list[_Piece] = []
+    lines: list[str] = []
+    at = 0
+    before: str | None = None
+    overlap: Overlap | None = None
     for offset, count, name, stream, row in slices:
         if offset > at:
             lines.append(wording.slices_do_not_tile(idx, at, offset - 1, before, name, True))
@@ -728,9 +785,12 @@ class MergedLedger(Ledger):
     stitched from the slices several files hold (``stitch``; its lines in ``lines``, the first overlap of
     each env's slices in ``overlaps[env]``)."""
 
-    def __init__(self, path, named):
+    def __init__(self, path: str, named: list[tuple[str, Ledger]]) -> None:
         first = named[0][1]
-        streams, source, files, sliced = {}, {}, [], {}
+        streams: dict[int, Stream] = {}
+        source: dict[int, str] = {}  # env -> the trainer file its stream is read from
+        files: list[LedgerFile] = []
+        sliced: dict[int, list[tuple[str, Stream]]] = {}
         for name, led in named:
             files += led._files
             for idx, stream in led.streams.items():
@@ -738,8 +798,10 @@ class MergedLedger(Ledger):
                     sliced.setdefault(idx, []).append((name, stream))
                 if idx not in streams or (len(stream) and not len(streams[idx])):
                     streams[idx], source[idx] = stream, name
-        self.lines, self.overlaps = [], {}
-        self.holders = {idx: [name] for idx, name in source.items()}  # env -> the files holding its stream
+        self.lines: list[str] = []
+        self.overlaps: dict[int, Overlap] = {}
+        # env -> the files holding its stream
+        self.holders: dict[int, list[str]] = {idx: [name] for idx, name in source.items()}
         for idx, parts in sorted(sliced.items()):
             streams[idx], lines, overlap = stitch(idx, parts)
             source[idx], self.holders[idx] = parts[0][0], [name for name, _ in parts]
@@ -751,11 +813,12 @@ class MergedLedger(Ledger):
         self.named = named
         self.source = source
 
-    def close(self):
+    def close(self) -> None:
         for _, led in self.named:
             led.close()
 
-    def rename(self, text):
+    def rename(self, text: str) -> str:
+
         for _, led in self.named:
             text = led.rename(text)
         return text

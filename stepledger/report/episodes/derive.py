@@ -8,13 +8,20 @@ paired with (``FirstPerEnv``, ``Earliest``), so that its memory is bounded by
 the log's length (which the log readers bound), not by the ledger's.
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable, Collection
+
 import numpy as np
 
 from stepledger.format import schema as S
 from stepledger import core
 from stepledger.errors import LedgerError
 from stepledger.format.ledgerfile import CHUNK
-from stepledger.report.read import read
+from stepledger.report.read import Ledger, LedgerPath, Stream, read
+
+#: episodes' rows as columns (COLUMNS' names)
+Rows = dict[str, np.ndarray]
 
 _SHORT_RUN = 64  # episodes up to this long get their float32 sums in lockstep
 CUT_LISTED = 1000  # cut-off episodes listed by number, per env (all are counted)
@@ -44,8 +51,10 @@ class RecordedEpisodes:
     of completed episodes.
     """
 
-    def __init__(self, columns, unfinished, cut, stray_steps, total_steps, envs, partial, counts=None, beyond=None,
-                 cut_counts=None):
+    def __init__(self, columns: Rows, unfinished: dict[int, tuple[int, int]], cut: dict[int, np.ndarray],
+                 stray_steps: dict[int, int], total_steps: dict[int, int], envs: list[int], partial: bool,
+                 counts: dict[int, int] | None = None, beyond: dict[int, int] | None = None,
+                 cut_counts: dict[int, int] | None = None) -> None:
         self.columns = columns
         self.unfinished, self.cut, self.stray_steps = unfinished, cut, stray_steps
         self.cut_counts = {e: len(v) for e, v in cut.items()} if cut_counts is None else dict(cut_counts)
@@ -56,10 +65,10 @@ class RecordedEpisodes:
         self.counts = counts
         self.beyond = dict(beyond or {})
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(self.counts.values())
 
-    def of_env(self, env):
+    def of_env(self, env: int) -> Rows:
         sel = self.columns["env"] == env
         return {k: v[sel] for k, v in self.columns.items()}
 
@@ -71,15 +80,15 @@ COLUMNS = (("env", np.int64), ("episode", np.int64), ("length", np.int64), ("ret
 class KeepAll:
     """Keeps every completed episode's row."""
 
-    def __init__(self):
-        self.parts = {k: [] for k, _ in COLUMNS}
-        self.beyond = {}
+    def __init__(self) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {k: [] for k, _ in COLUMNS}
+        self.beyond: dict[int, int] = {}
 
-    def add(self, rows):
+    def add(self, rows: Rows) -> None:
         for k, _ in COLUMNS:
             self.parts[k].append(rows[k])
 
-    def columns(self):
+    def columns(self) -> Rows:
         return merge(self.parts)
 
 
@@ -87,11 +96,11 @@ class FirstPerEnv(KeepAll):
     """Keeps each env's first ``limits[env]`` completed episodes and one more (the first one a log
     pairing per env leaves over): what a log with env indices is compared with."""
 
-    def __init__(self, limits):
+    def __init__(self, limits: dict[int, int]) -> None:
         super().__init__()
         self.room = {e: int(n) + 1 for e, n in limits.items()}
 
-    def add(self, rows):
+    def add(self, rows: Rows) -> None:
         if not rows["env"].size:
             return
         env = int(rows["env"][0])
@@ -103,13 +112,13 @@ class FirstPerEnv(KeepAll):
             super().add({k: v[:room] for k, v in rows.items()})
 
 
-def room(k, slack):
+def room(k: int, slack: int) -> int:
     """Rows a keeper that needs ``k`` of them holds before it drops some: a quarter as many again, and
     ``slack`` (each drop sorts what is held: the more often, the less memory and the more time)."""
     return k + k // 4 + slack
 
 
-def merge(parts):
+def merge(parts: dict[str, list[np.ndarray]]) -> Rows:
     """The rows of ``parts`` as columns, each column's pieces joined in place one column at a time (so that
     the rows are held once, and one column twice, not all of them twice)."""
     for name, dt in COLUMNS:
@@ -118,7 +127,7 @@ def merge(parts):
     return {name: parts[name][0] for name, _ in COLUMNS}
 
 
-def thin(parts, keep):
+def thin(parts: dict[str, list[np.ndarray]], keep: np.ndarray) -> None:
     """Keep rows ``keep`` (a mask or ascending indices over the rows of ``parts``) of each column, one
     column at a time, so that no more than one column is copied at once."""
     for name in list(parts):
@@ -130,17 +139,17 @@ class Thinning(KeepAll):
     """Keeps rows as they come, and whenever more than ``room(k, slack)`` are held, drops (``_trim``) those
     it no longer needs."""
 
-    def __init__(self, k, slack=1 << 16):
+    def __init__(self, k: int, slack: int = 1 << 16) -> None:
         super().__init__()
         self.k, self.slack, self.held = int(k), int(slack), 0
 
-    def add(self, rows):
+    def add(self, rows: Rows) -> None:
         super().add(rows)
         self.held += int(rows["env"].size)
         if self.held > room(self.k, self.slack):
             self._trim()
 
-    def _trim(self):
+    def _trim(self) -> None:
         raise NotImplementedError
 
 
@@ -149,21 +158,21 @@ class Earliest(Thinning):
     vector step each ended at, then env index): what a log without env indices is paired with in order.
     Rows are dropped as they come, so that no more than ``room(k, slack)`` are held at once."""
 
-    def __init__(self, k, slack=1 << 16):
+    def __init__(self, k: int, slack: int = 1 << 16) -> None:
         super().__init__(k, slack)
-        self._beyond_end = {}  # env -> end_step of its episode in beyond
+        self._beyond_end: dict[int, int] = {}  # env -> end_step of its episode in beyond
 
-    def _trim(self):
+    def _trim(self) -> None:
         env = _concat_one(self.parts, "env")
         end_step = _concat_one(self.parts, "end_step")
         order = np.lexsort((env, end_step))
         drop = order[self.k:]
         if drop.size:
             episode = _concat_one(self.parts, "episode")
-            for e in np.unique(env[drop]):
-                mine = drop[env[drop] == e]
+            for found in np.unique(env[drop]):
+                mine = drop[env[drop] == found]
                 first = int(mine[np.argmin(end_step[mine])])
-                e = int(e)
+                e = int(found)
                 # an env's episodes end in order: the earliest dropped one is its first not kept
                 if e not in self.beyond or end_step[first] < self._beyond_end[e]:
                     self.beyond[e] = int(episode[first])
@@ -174,25 +183,27 @@ class Earliest(Thinning):
         thin(self.parts, keep)
         self.held = int(keep.size)
 
-    def columns(self):
+    def columns(self) -> Rows:
         self._trim()
         return merge(self.parts)
 
 
-def _concat_one(parts, name):
+def _concat_one(parts: dict[str, list[np.ndarray]], name: str) -> np.ndarray:
     return np.concatenate(parts[name]) if parts[name] else np.empty(0, dict(COLUMNS)[name])
 
 
 class _Carry:
     """The state of one stream between chunks."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.ep, self.active = -1, False
-        self.n, self.s64, self.s32, self.sabs = 0, 0.0, np.float32(0.0), 0.0
+        self.n, self.s64, self.sabs = 0, 0.0, 0.0
+        self.s32: np.float32 = np.float32(0.0)
         self.steps, self.stray = 0, 0
 
 
-def _rewards(bits, reward_dtype):
+def _rewards(bits: Any, reward_dtype: str | None) -> tuple[np.ndarray, np.ndarray]:
+
     bits = np.asarray(bits, dtype=np.uint64)
     invalid = bits == np.uint64(core.INVALID_DIGEST)
     if reward_dtype == "float32":
@@ -208,7 +219,7 @@ def _rewards(bits, reward_dtype):
     return r64, r32
 
 
-def _running_f32(r32, starts, lengths, init):
+def _running_f32(r32: np.ndarray, starts: np.ndarray, lengths: np.ndarray, init: np.ndarray) -> np.ndarray:
     """Sequential float32 sums of r32[starts[j]:starts[j] + lengths[j]], each started from init[j]."""
     out = np.array(init, dtype=np.float32)
     short = np.flatnonzero((lengths > 0) & (lengths <= _SHORT_RUN))
@@ -225,7 +236,8 @@ def _running_f32(r32, starts, lengths, init):
     return out
 
 
-def _stream_episodes(stream, reward_dtype, keeper, cut, chunk=CHUNK):
+def _stream_episodes(stream: Stream, reward_dtype: str | None, keeper: KeepAll, cut: dict[int, list[Any]],
+                     chunk: int = CHUNK) -> tuple[_Carry, int]:
     """Hand one stream's completed episodes to ``keeper``, a chunk at a time; return its carry and
     how many episodes were completed."""
     completed = 0
@@ -306,7 +318,7 @@ _REFUSE_TRAINER = ("%s: a trainer-side ledger; the episode check reads the env-s
 EPISODE_CHUNK = 1 << 18
 
 
-def open_env_ledger(env_dir):
+def open_env_ledger(env_dir: LedgerPath) -> Ledger:
     """The env-side ledgers in ``env_dir``, read (LedgerError when they are not, or are the trainer's)."""
     ledger = read(env_dir)
     try:
@@ -322,13 +334,18 @@ def open_env_ledger(env_dir):
     return ledger
 
 
-def derive(ledger, keeper=None, envs=None, chunk=EPISODE_CHUNK, progress=None):
+def derive(ledger: Ledger, keeper: KeepAll | None = None, envs: Collection[int] | None = None,
+           chunk: int = EPISODE_CHUNK, progress: Callable[[int, int], Any] | None = None) -> RecordedEpisodes:
     """The RecordedEpisodes of an open env ledger's streams (those in ``envs`` if given); ``keeper``
     (KeepAll by default) says which rows are kept."""
     keeper = KeepAll() if keeper is None else keeper
     reward_dtype = ledger.meta.get(S.META_REWARD_DTYPE)
     streams = [(idx, st) for idx, st in ledger.streams.items() if envs is None or idx in envs]
-    unfinished, cut, stray, total, counts = {}, {}, {}, {}, {}
+    unfinished: dict[int, tuple[int, int]] = {}
+    cut: dict[int, list[Any]] = {}  # env -> [the cut episodes listed, a list of arrays; how many in all]
+    stray: dict[int, int] = {}
+    total: dict[int, int] = {}
+    counts: dict[int, int] = {}
     for k, (idx, stream) in enumerate(streams):
         with np.errstate(over="ignore", invalid="ignore"):  # sums of inf and NaN rewards are data too
             c, counts[idx] = _stream_episodes(stream, reward_dtype, keeper, cut, chunk)
@@ -339,12 +356,14 @@ def derive(ledger, keeper=None, envs=None, chunk=EPISODE_CHUNK, progress=None):
             progress(k + 1, len(streams))
     columns = keeper.columns()
     cut_counts = {e: n for e, (_, n) in cut.items()}
-    cut = {e: np.concatenate(v) for e, (v, _) in cut.items()}
-    return RecordedEpisodes(columns, unfinished, cut, stray, total, sorted(idx for idx, _ in streams), ledger.partial,
-                            {e: n for e, n in counts.items() if n}, keeper.beyond, cut_counts)
+    listed = {e: np.concatenate(v) for e, (v, _) in cut.items()}
+    return RecordedEpisodes(columns, unfinished, listed, stray, total, sorted(idx for idx, _ in streams),
+                            ledger.partial, {e: n for e, n in counts.items() if n}, keeper.beyond, cut_counts)
 
 
-def recorded_episodes(env_dir, chunk=EPISODE_CHUNK, progress=None):
+def recorded_episodes(env_dir: LedgerPath, chunk: int = EPISODE_CHUNK,
+                      progress: Callable[[int, int], Any] | None = None) -> RecordedEpisodes:
+
     """Derive every env's completed episodes from the env-side ledgers in ``env_dir``.
 
     Returns a RecordedEpisodes. Reads ``chunk`` events at a time. Raises

@@ -1,16 +1,23 @@
 """The trainer's episode log, read from SB3's ``monitor.csv``, EpisodeLogTap's ``.npz`` or a CSV."""
 
+from __future__ import annotations
+
 import array
 import csv
 import json
 import os
 import re
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from stepledger.format import schema as S
 from stepledger.errors import LedgerError
 from stepledger.format.ledgerfile import open_regular, read_small_npz
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from typing_extensions import Self
 
 LOG_FORMAT = S.EPISODE_LOG_FORMAT
 LOG_FORMAT_VERSION = S.EPISODE_LOG_VERSION
@@ -36,7 +43,12 @@ class EpisodeLog:
     env of the ledgers.
     """
 
-    def __init__(self, r, l, env=None, kind="arrays", source="arrays", covers=None):
+    r: np.ndarray
+    l: np.ndarray
+    env: np.ndarray | None
+
+    def __init__(self, r: npt.ArrayLike, l: npt.ArrayLike, env: npt.ArrayLike | None = None,
+                 kind: str = "arrays", source: str = "arrays", covers: Iterable[int] | None = None) -> None:
         r = np.asarray(r, dtype=np.float64).reshape(-1)
         l_arr = np.asarray(l)
         if l_arr.size and (l_arr.dtype.kind == "f" and np.any(l_arr != np.round(l_arr))):
@@ -54,22 +66,22 @@ class EpisodeLog:
             if env.size and env.min() < 0:
                 raise LedgerError("%s: a negative env index" % source)
         self.r, self.l, self.env, self.kind, self.source = r, l_arr, env, kind, source
-        self.covers = None if covers is None else sorted(int(c) for c in covers)
+        self.covers: list[int] | None = None if covers is None else sorted(int(c) for c in covers)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return int(self.r.shape[0])
 
     @classmethod
-    def from_arrays(cls, env, r, l):
+    def from_arrays(cls, env: npt.ArrayLike | None, r: npt.ArrayLike, l: npt.ArrayLike) -> Self:
         """From three parallel arrays; ``env`` may be None when the log has no env index."""
         return cls(r, l, env)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<EpisodeLog %s (%s): %d episodes%s>" % (self.source, self.kind, len(self),
                                                        "" if self.env is not None else ", no env index")
 
 
-def as_log(log, env=None):
+def as_log(log: Any, env: int | None = None) -> EpisodeLog:
     """``log`` as check_episodes takes it (a path, an EpisodeLog, a dict, rows), as an EpisodeLog."""
     if isinstance(log, EpisodeLog):
         out = log
@@ -99,7 +111,7 @@ def as_log(log, env=None):
     return out
 
 
-def read_episode_log(path):
+def read_episode_log(path: str | os.PathLike[str]) -> EpisodeLog:
     """Read a trainer's episode log from a file (or a directory of ``N.monitor.csv`` files).
 
     - SB3 ``monitor.csv`` (VecMonitor or Monitor): a ``#{json}`` line, then
@@ -118,7 +130,8 @@ def read_episode_log(path):
         files = sorted((int(m.group(1)), f) for f in os.listdir(path) for m in [_MONITOR_NAME.match(f)] if m)
         if not files:
             raise LedgerError("%s: a directory with no N.monitor.csv files; give the episode log file" % path)
-        parts, total = [], 0
+        parts: list[EpisodeLog] = []
+        total = 0
         for _, f in files:
             parts.append(_read_csv(os.path.join(path, f), MAX_LOG_EPISODES - total, path))
             total += len(parts[-1])
@@ -138,7 +151,7 @@ def read_episode_log(path):
     return _read_csv(path)
 
 
-def _read_npz(path):
+def _read_npz(path: str) -> EpisodeLog:
     members = read_small_npz(path, MAX_LOG_MEMBER_BYTES, what="episode log")
     if S.META_MEMBER in members:
         try:
@@ -165,12 +178,12 @@ def _read_npz(path):
         raise LedgerError("%s: not a readable episode log (%s)" % (path, exc)) from None
 
 
-def _too_many(path):
+def _too_many(path: str) -> LedgerError:
     return LedgerError("%s: an episode log of more than %d episodes; a reader accepts at most %d"
                        % (path, MAX_LOG_EPISODES, MAX_LOG_EPISODES))
 
 
-def _read_csv(path, room=None, whole=None):
+def _read_csv(path: str, room: int | None = None, whole: str | None = None) -> EpisodeLog:
     """One CSV log, read line by line into arrays (8 bytes a value); at most ``room`` episodes (by default
     MAX_LOG_EPISODES), else a LedgerError naming ``whole`` (the directory it is part of) or the file."""
     room = MAX_LOG_EPISODES if room is None else room
@@ -180,6 +193,7 @@ def _read_csv(path, room=None, whole=None):
         raise LedgerError("%s: an episode log of %d MB; a reader accepts at most %d MB of CSV (EpisodeLogTap's .npz "
                           "holds more)" % (path, size >> 20, MAX_LOG_CSV_BYTES >> 20))
     r, l_arr, env = array.array("d"), array.array("q"), array.array("q")
+    header: list[str] | None
     try:
         with open(fd, newline="", closefd=True) as f:
             first = 1
@@ -222,11 +236,13 @@ def _read_csv(path, room=None, whole=None):
         raise LedgerError("%s: not an episode log (%s)" % (path, exc)) from None
     except OSError as exc:
         raise LedgerError("%s: cannot read the episode log (%s)" % (path, exc.strerror or exc)) from None
-    r, l_arr = np.frombuffer(r, dtype=np.float64), np.frombuffer(l_arr, dtype=np.int64)
+    returns, lengths = np.frombuffer(r, dtype=np.float64), np.frombuffer(l_arr, dtype=np.int64)
     m = _MONITOR_NAME.match(os.path.basename(path))
     if ie is not None:
-        return EpisodeLog(r, l_arr, np.frombuffer(env, dtype=np.int64), "csv", path)
+        return EpisodeLog(returns, lengths, np.frombuffer(env, dtype=np.int64), "csv", path)
     kind = "monitor" if "t" in header or path.endswith("monitor.csv") else "csv"
     if m:
-        return EpisodeLog(r, l_arr, np.full(len(r), int(m.group(1)), dtype=np.int64), kind, path, [int(m.group(1))])
-    return EpisodeLog(r, l_arr, None, kind, path)
+        return EpisodeLog(returns, lengths, np.full(len(returns), int(m.group(1)), dtype=np.int64), kind, path,
+                          [int(m.group(1))])
+    return EpisodeLog(returns, lengths, None, kind, path)
+

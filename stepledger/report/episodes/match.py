@@ -6,15 +6,27 @@ when that order can be derived from the ledgers, else as a multiset of
 ``stepledger.wording``.
 """
 
+from __future__ import annotations
+
 import array
+from typing import Any, Callable, Iterator, Union
 
 import numpy as np
 
 from stepledger import wording
 from stepledger.report.base import DifferenceReport
 from stepledger.errors import LedgerError
-from stepledger.report.episodes.derive import Earliest, FirstPerEnv, Thinning, derive, merge, open_env_ledger, thin
-from stepledger.report.episodes.logs import as_log
+from stepledger.report.episodes.derive import (Earliest, FirstPerEnv, RecordedEpisodes, Thinning, derive, merge,
+                                               open_env_ledger, thin)
+from stepledger.report.episodes.logs import EpisodeLog, as_log
+from stepledger.report.read import LedgerPath
+
+#: an episode as a report shows it: (return, length)
+Episode = tuple[float, int]
+#: recorded episodes' columns (``RecordedEpisodes.columns``: env, episode, length, ret, ret32, abs_sum, end_step)
+EpisodeColumns = dict[str, np.ndarray]
+#: what ``check_episodes`` takes as the trainer's log (see its docstring)
+LogSpec = Union[LedgerPath, EpisodeLog, dict[str, Any], list[Any], tuple[Any, ...]]
 
 RTOL = 1e-5
 ATOL = 1e-5  # once per episode
@@ -37,19 +49,22 @@ class EpisodeDifference:
     ``fields`` lists what differs ("return", "length") for an ``"episode"``.
     """
 
-    def __init__(self, env, what, episode=None, index=None, logged=None, recorded=None, tolerance=None,
-                 n_logged=None, n_recorded=None, n_differ=None, fields=()):
+    def __init__(self, env: int | None, what: str, episode: int | None = None, index: int | None = None,
+                 logged: Episode | None = None, recorded: Episode | None = None, tolerance: float | None = None,
+                 n_logged: int | None = None, n_recorded: int | None = None, n_differ: int | None = None,
+                 fields: list[str] | tuple[str, ...] = ()) -> None:
         self.env, self.what, self.episode, self.index = env, what, episode, index
         self.fields = list(fields)
         self.logged, self.recorded, self.tolerance = logged, recorded, tolerance
         self.n_logged, self.n_recorded, self.n_differ = n_logged, n_recorded, n_differ
 
-    def line(self):
+    def line(self) -> str:
+        """The report's line for this difference."""
         return wording.episode_difference(self.what, self.env, self.episode, self.index, self.logged, self.recorded,
                                           self.fields, self.n_logged, self.n_recorded, self.n_differ)
 
-    def to_dict(self):
-        d = {"env": self.env, "type": self.what}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"env": self.env, "type": self.what}
         if self.what == "episode":
             d["fields"] = self.fields
         for key in ("episode", "index", "n_logged", "n_recorded", "n_differ", "tolerance"):
@@ -72,7 +87,11 @@ class EpisodeReport(DifferenceReport):
     ``"multiset"``); ``str(report)`` is the text report.
     """
 
-    def __init__(self, mode, envs, differences, n_compared, n_differ, recorded, log, rtol, atol, order_note=None):
+    differences: list[EpisodeDifference]
+
+    def __init__(self, mode: str, envs: list[int], differences: list[EpisodeDifference], n_compared: int,
+                 n_differ: int, recorded: RecordedEpisodes, log: EpisodeLog, rtol: float, atol: float,
+                 order_note: str | None = None) -> None:
         self.mode, self.envs, self.differences = mode, envs, differences
         self.n_compared, self.n_differ = n_compared, n_differ
         self.n_recorded, self.n_logged = len(recorded), len(log)
@@ -85,10 +104,11 @@ class EpisodeReport(DifferenceReport):
         self.rtol, self.atol = rtol, atol
         self.order_note = order_note
 
-    def envs_differ(self):
+    def envs_differ(self) -> list[int]:
+        """The envs with a difference, in order."""
         return sorted({d.env for d in self.differences if d.env is not None})
 
-    def lines(self):
+    def lines(self) -> list[str]:
         out = [d.line() for d in self.differences]
         if self.mode == "multiset":
             n_unlogged = sum(d.n_differ or 1 for d in self.differences if d.what == "unlogged")
@@ -111,11 +131,11 @@ class EpisodeReport(DifferenceReport):
             out.append(wording.PARTIAL_EPISODES)
         return out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<EpisodeReport ok=%s mode=%s: %d differences, %d episodes compared>" % (
             self.ok, self.mode, len(self.differences), self.n_compared)
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok, "mode": self.mode, "envs": list(self.envs), "envs_differ": self.envs_differ(),
             "episodes_compared": self.n_compared, "episodes_differ": self.n_differ,
@@ -134,19 +154,20 @@ class EpisodeReport(DifferenceReport):
 
 # ---------------------------------------------------------------- matching
 
-def _close(lr, rec, rtol, atol):
+def _close(lr: Any, rec: EpisodeColumns, rtol: float, atol: float) -> np.ndarray:
     """Elementwise: is logged return lr within tolerance of the recorded columns ``rec``?"""
     tol = rtol * rec["abs_sum"] + atol
     with np.errstate(invalid="ignore"):
         return (np.abs(lr - rec["ret"]) <= tol) | (np.abs(lr - np.asarray(rec["ret32"], dtype=np.float64)) <= tol)
 
 
-def _agree(lr, ll, rec, rtol, atol):
+def _agree(lr: Any, ll: Any, rec: EpisodeColumns, rtol: float, atol: float) -> np.ndarray:
     """Elementwise: does logged (lr, ll) match recorded columns ``rec``?"""
     return (ll == rec["length"]) & _close(lr, rec, rtol, atol)
 
 
-def _episode_diff(env, rec, j, lr, ll, rtol, atol, index, n_logged, n_recorded, n_bad):
+def _episode_diff(env: int, rec: EpisodeColumns, j: int, lr: Any, ll: Any, rtol: float, atol: float,
+                  index: int | None, n_logged: int, n_recorded: int, n_bad: int) -> EpisodeDifference:
     one = _take(rec, slice(j, j + 1))
     fields = [] if bool(_close(np.float64(lr), one, rtol, atol)[0]) else ["return"]
     if int(ll) != int(rec["length"][j]):
@@ -156,15 +177,16 @@ def _episode_diff(env, rec, j, lr, ll, rtol, atol, index, n_logged, n_recorded, 
                              n_logged, n_recorded, n_bad, fields)
 
 
-def _tolerance(rec, j, rtol, atol):
+def _tolerance(rec: EpisodeColumns, j: int, rtol: float, atol: float) -> float:
     return float(rtol * rec["abs_sum"][j] + atol)
 
 
-def _take(cols, idx):
+def _take(cols: EpisodeColumns, idx: Any) -> EpisodeColumns:
     return {k: v[idx] for k, v in cols.items()}
 
 
-def _first_bad(env, rec, lr, ll, rtol, atol, n_logged, n_recorded):
+def _first_bad(env: int, rec: EpisodeColumns, lr: np.ndarray, ll: np.ndarray, rtol: float, atol: float,
+               n_logged: int, n_recorded: int) -> tuple[EpisodeDifference | None, int | None, int]:
     """The first difference among pairs (rec[k], log[k]) of one env, its position k, and how many pairs differ."""
     bad = np.flatnonzero(~_agree(lr, ll, rec, rtol, atol))
     if not bad.size:
@@ -174,9 +196,16 @@ def _first_bad(env, rec, lr, ll, rtol, atol, n_logged, n_recorded):
     return d, j, int(bad.size)
 
 
-def _by_env(recorded, log, rtol, atol):
+#: what each way of pairing gives the report: (envs, differences, episodes compared, episodes that differ)
+_Paired = tuple[list[int], list[EpisodeDifference], int, int]
+
+
+def _by_env(recorded: RecordedEpisodes, log: EpisodeLog, rtol: float, atol: float) -> _Paired:
+    assert log.env is not None  # pairing per env: check_episodes chose it for a log with env indices
     envs = sorted(set(recorded.envs) | set(int(e) for e in np.unique(log.env)))
-    diffs, n_compared, n_differ = [], 0, 0
+
+    diffs: list[EpisodeDifference] = []
+    n_compared, n_differ = 0, 0
     for e in envs:
         sel = np.flatnonzero(log.env == e)
         if e not in recorded.envs:
@@ -189,7 +218,7 @@ def _by_env(recorded, log, rtol, atol):
                                n_rec)
         n_compared += k
         n_differ += bad
-        if d is not None:
+        if d is not None and j is not None:
             d.index = int(sel[j])
             diffs.append(d)
         elif n_rec != n_log:
@@ -198,14 +227,15 @@ def _by_env(recorded, log, rtol, atol):
     return envs, diffs, n_compared, n_differ
 
 
-def _in_order(recorded, log, rtol, atol):
+def _in_order(recorded: RecordedEpisodes, log: EpisodeLog, rtol: float, atol: float) -> _Paired:
     cols = recorded.columns
     order = np.lexsort((cols["env"], cols["end_step"]))
     rec = _take(cols, order)
     k = min(len(recorded), len(log))  # the recorded episodes kept: the k that ended first at least
     envs = list(recorded.envs)
     ok = _agree(log.r[:k], log.l[:k], _take(rec, slice(0, k)), rtol, atol)
-    diffs, n_differ = [], int(np.count_nonzero(~ok))
+    diffs: list[EpisodeDifference] = []
+    n_differ = int(np.count_nonzero(~ok))
     for e in envs:
         mine = np.flatnonzero(rec["env"] == e)
         paired = mine[mine < k]
@@ -224,14 +254,15 @@ def _in_order(recorded, log, rtol, atol):
     return envs, diffs, k, n_differ
 
 
-def _intervals(cols, rtol, atol):
+def _intervals(cols: EpisodeColumns, rtol: float, atol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each recorded episode's tolerance and the interval of logged returns it accepts: (tol, lo, hi)."""
     tol = rtol * cols["abs_sum"] + atol
     ret32 = cols["ret32"].astype(np.float64)
     return tol, np.fmin(cols["ret"], ret32) - tol, np.fmax(cols["ret"], ret32) + tol
 
 
-def _max_matching(cols, log, rtol, atol):
+def _max_matching(cols: EpisodeColumns, log: EpisodeLog, rtol: float, atol: float
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A maximum matching of recorded episodes ``cols`` to logged ones: same length, return within
     tolerance. Returns (recorded matched, logged matched, tol), boolean masks and the tolerances.
 
@@ -279,7 +310,7 @@ def _max_matching(cols, log, rtol, atol):
     return rec_matched, log_matched, tol
 
 
-def _groups(starts, stops, block=1 << 16):
+def _groups(starts: np.ndarray, stops: np.ndarray, block: int = 1 << 16) -> Iterator[tuple[int, int]]:
     """(start, stop) pairs as Python ints, a block at a time (a list of a million ints is 36 MB)."""
     for i in range(0, starts.size, block):
         yield from zip(starts[i:i + block].tolist(), stops[i:i + block].tolist())
@@ -298,12 +329,13 @@ class Matchable(Thinning):
     stay held after each drop.
     """
 
-    def __init__(self, log, rtol, atol, slack=1 << 16):
+    def __init__(self, log: EpisodeLog, rtol: float, atol: float, slack: int = 1 << 16) -> None:
         super().__init__(len(log), slack)
         self.log, self.rtol, self.atol = log, rtol, atol
-        self.dropped = {}
+        # env -> [count, (end_step, episode, ret, length, tol) of its first]
+        self.dropped: dict[int, list[Any]] = {}
 
-    def _trim(self):
+    def _trim(self) -> None:
         cols = merge(self.parts)
         matched, _, tol = _max_matching(cols, self.log, self.rtol, self.atol)
         self.drop(cols, ~matched, tol)
@@ -311,7 +343,7 @@ class Matchable(Thinning):
         thin(self.parts, matched)
         self.held = int(np.count_nonzero(matched))
 
-    def drop(self, cols, sel, tol):
+    def drop(self, cols: EpisodeColumns, sel: np.ndarray, tol: np.ndarray) -> None:
         """Count the rows ``sel`` of ``cols`` as unmatched, and remember each env's first."""
         envs = cols["env"][sel]
         for env in np.unique(envs):
@@ -324,7 +356,8 @@ class Matchable(Thinning):
             entry[1] = min(entry[1], first)
 
 
-def _multiset(recorded, log, rtol, atol, dropped=None):
+def _multiset(recorded: RecordedEpisodes, log: EpisodeLog, rtol: float, atol: float,
+              dropped: dict[int, list[Any]] | None = None) -> _Paired:
     """Match logged (return, length) to recorded episodes as a multiset (see _max_matching).
 
     ``dropped`` (Matchable.dropped) counts the recorded episodes left out as
@@ -335,7 +368,7 @@ def _multiset(recorded, log, rtol, atol, dropped=None):
     unmatched = Matchable(log, rtol, atol)
     unmatched.dropped = {e: list(v) for e, v in (dropped or {}).items()}
     unmatched.drop(cols, ~rec_matched, tol)
-    diffs = []
+    diffs: list[EpisodeDifference] = []
     for e in recorded.envs:
         if e in unmatched.dropped:
             n, (_, episode, ret, length, tolerance) = unmatched.dropped[e]
@@ -351,7 +384,9 @@ def _multiset(recorded, log, rtol, atol, dropped=None):
     return list(recorded.envs), diffs, n_compared, n_unlogged + int(unl.size)
 
 
-def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL, progress=None):
+def check_episodes(env_dir: LedgerPath, log: LogSpec, *, env: int | None = None, match: str = "auto",
+                   rtol: float = RTOL, atol: float = ATOL,
+                   progress: Callable[[int, int], Any] | None = None) -> EpisodeReport:
     """Check a trainer's episode log against the episodes the env-side ledgers recorded.
 
     ``log`` is a path (``monitor.csv``, a directory of ``N.monitor.csv``,
@@ -376,33 +411,36 @@ def check_episodes(env_dir, log, *, env=None, match="auto", rtol=RTOL, atol=ATOL
         raise ValueError("rtol and atol must be non-negative")
     ledger = open_env_ledger(env_dir)
     try:
-        log = as_log(log, env)
+        episodes = as_log(log, env)
         # Only what the log can be paired with is kept: memory bounded by the log, not by the ledgers.
-        covers = None if log.covers is None else set(log.covers)  # a log of some envs only: check those
-        mode = match if match != "auto" else ("env" if log.env is not None else "order")
+        covers = None if episodes.covers is None else set(episodes.covers)  # a log of some envs only: check those
+        mode = match if match != "auto" else ("env" if episodes.env is not None else "order")
+        keeper: FirstPerEnv | Earliest | Matchable
         if mode == "env":
-            if log.env is None:
+            if episodes.env is None:
                 raise LedgerError("%s: the log has no env index; pass env=N (--env N) or match it in order or as "
-                                  "a multiset" % log.source)
-            found, n = np.unique(log.env, return_counts=True)
+                                  "a multiset" % episodes.source)
+            found, n = np.unique(episodes.env, return_counts=True)
             keeper = FirstPerEnv({int(e): int(c) for e, c in zip(found, n)})
         else:
-            keeper = Earliest(len(log)) if mode == "order" else Matchable(log, rtol, atol)
+            keeper = Earliest(len(episodes)) if mode == "order" else Matchable(episodes, rtol, atol)
         recorded = derive(ledger, keeper, covers, progress=progress)
         derivable = len(set(recorded.total_steps.values())) <= 1
         note = None
         if match == "auto" and mode == "order" and not derivable:
             mode, note = "multiset", wording.MULTISET_BY_DEFAULT
-            keeper = Matchable(log, rtol, atol)
+            keeper = Matchable(episodes, rtol, atol)
             recorded = derive(ledger, keeper, covers, progress=progress)
     finally:
         ledger.close()
     if mode == "env":
-        envs, diffs, n_compared, n_differ = _by_env(recorded, log, rtol, atol)
+        envs, diffs, n_compared, n_differ = _by_env(recorded, episodes, rtol, atol)
     elif mode == "order":
-        envs, diffs, n_compared, n_differ = _in_order(recorded, log, rtol, atol)
+        envs, diffs, n_compared, n_differ = _in_order(recorded, episodes, rtol, atol)
         if not derivable:
             note = wording.ORDER_GUESSED
     else:
-        envs, diffs, n_compared, n_differ = _multiset(recorded, log, rtol, atol, keeper.dropped)
-    return EpisodeReport(mode, envs, diffs, n_compared, n_differ, recorded, log, rtol, atol, note)
+        assert isinstance(keeper, Matchable)  # the multiset's keeper
+        envs, diffs, n_compared, n_differ = _multiset(recorded, episodes, rtol, atol, keeper.dropped)
+    return EpisodeReport(mode, envs, diffs, n_compared, n_differ, recorded, episodes, rtol, atol, note)
+

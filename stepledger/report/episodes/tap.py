@@ -5,8 +5,11 @@ vector env and writes the file ``stepledger episodes`` reads (its layout:
 ``_schema.EPISODE_LOG_*``).
 """
 
+from __future__ import annotations
+
 import json
 import os
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -39,23 +42,26 @@ class EpisodeLogTap(gym.vector.VectorWrapper):
         print(check_episodes("ledger", "ledger/episodes.npz"))
     """
 
-    def __init__(self, env, path, stats_key="episode"):
+    def __init__(self, env: gym.vector.VectorEnv, path: str | os.PathLike[str], stats_key: str = "episode") -> None:
         super().__init__(env)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError("EpisodeLogTap: path must be a path, got %r" % (path,))
         self.log_path = os.fspath(path)
         self.stats_key = stats_key
-        self._env, self._r, self._l, self._vstep = [], [], [], []
+        self._env: list[int] = []
+        self._r: list[float] = []
+        self._l: list[int] = []
+        self._vstep: list[int] = []
         self._vsteps = 0
         self._closed = False
 
-    def step(self, actions):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
         self._vsteps += 1
         self._take(infos)
         return obs, rewards, terminations, truncations, infos
 
-    def _take(self, infos):
+    def _take(self, infos: Any) -> None:
         stats = infos.get(self.stats_key) if isinstance(infos, dict) else None
         mask = infos.get("_" + self.stats_key) if stats is not None else None
         if stats is None or mask is None:
@@ -67,11 +73,11 @@ class EpisodeLogTap(gym.vector.VectorWrapper):
             self._vstep.append(self._vsteps)
 
     @property
-    def episodes(self):
+    def episodes(self) -> EpisodeLog:
         """The entries kept so far, as an EpisodeLog."""
         return EpisodeLog(self._r, self._l, self._env, "tap", self.log_path)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write the log file now; tapping goes on."""
         mode = self.env.metadata.get("autoreset_mode") if isinstance(self.env.metadata, dict) else None
         meta = {S.META_FORMAT: S.EPISODE_LOG_FORMAT, S.META_FORMAT_VERSION: S.EPISODE_LOG_VERSION,
@@ -84,7 +90,8 @@ class EpisodeLogTap(gym.vector.VectorWrapper):
                      l=np.asarray(self._l, dtype=np.int64), vstep=np.asarray(self._vstep, dtype=np.int64),
                      meta=np.array(json.dumps(meta, sort_keys=True)))
 
-    def close(self, **kwargs):
+    def close(self, **kwargs: Any) -> None:
+
         """Write the log file, then close the wrapped env."""
         try:
             if not self._closed:
