@@ -27,7 +27,7 @@ class LedgerPlace:
     """The file operations a Recording asks of the place its ledger is written to."""
 
     #: The local directory where files wait before they reach their place; None where they are written in place.
-    stage = None
+    stage: str | None = None
     #: False once the final file could not be published (it is kept on local disk, and a line said where).
     published = True
 

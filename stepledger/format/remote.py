@@ -175,7 +175,7 @@ class RemoteLedger(LedgerPlace):
         # final file needs no listing to remove them (one request less at close()).
         self.earlier_segments = bool(storage.listdir(url + ".spill"))
         self.mirror = storage.mirror(url)
-        self.stage = None
+        self.stage: str | None = None
         self._lock = threading.Condition()
         self._pending = []  # [(local, url)] segments waiting, in order, for room in the queue
         self._queued = 0  # jobs of this ledger in the queue or running

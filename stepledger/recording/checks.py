@@ -80,7 +80,7 @@ def check_path(path, owner, what):
     return storage.local_path(os.fspath(path))
 
 
-_WARNED_MEMORY = []
+_WARNED_MEMORY: list[bool] = []
 
 
 def check_remote(url, stacklevel=2):

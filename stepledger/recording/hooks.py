@@ -12,6 +12,8 @@
   memory); ``spill_everything()`` spills every recording of the process now.
 """
 
+from typing import Any
+
 import atexit
 import contextlib
 import math
@@ -29,12 +31,12 @@ from stepledger.recording.spiller import IdleSpiller, forget_parent_recordings, 
 
 class _Process:
     """This process's state: set up once per process (a forked child starts again)."""
-    pid = None
+    pid: Any = None
     writing = 0            # writes under way (a SIGTERM then waits for them)
-    pending_signal = None  # a SIGTERM that arrived during a write
-    previous_sigterm = None
-    held_sigint = None     # the SIGINT handler set aside while the main thread writes (see _hold_sigint)
-    pending_sigint = None  # (signum, frame) of a Ctrl-C that came meanwhile
+    pending_signal: Any = None  # a SIGTERM that arrived during a write
+    previous_sigterm: Any = None
+    held_sigint: Any = None     # the SIGINT handler set aside while the main thread writes (see _hold_sigint)
+    pending_sigint: Any = None  # (signum, frame) of a Ctrl-C that came meanwhile
 
 
 def _close_all(state):

@@ -12,6 +12,8 @@ attention: the deadline at which a recording call returns True and its wrapper
 calls ``hooks.attend()``.
 """
 
+from typing import Any
+
 import math
 import os
 import threading
@@ -20,7 +22,7 @@ import time
 from stepledger import core
 from stepledger.format import storage
 
-OPEN = {}  # id -> Recording, for the exit handlers; strong refs so nothing is lost to GC
+OPEN: dict[int, Any] = {}  # id -> Recording, for the exit handlers; strong refs so nothing is lost to GC
 # Reentrant: the SIGTERM handler runs in the main thread between two bytecodes, maybe while that
 # thread holds it (a LedgerEnv being built or closed), and closes every recording, taking it again.
 LOCK = threading.RLock()

@@ -5,6 +5,8 @@ One ``ValueStore`` a stream, appended to on the step path by the wrappers
 spill and at the end, and let go of with them.
 """
 
+from typing import Any
+
 import numpy as np
 
 from stepledger import core
@@ -30,7 +32,7 @@ class ValueStore:
         self.n = 0
         self.capacity = 64
         self.arrays = {name: np.zeros((64,) + tuple(shape), dtype) for name, dtype, shape, _, _ in self.members}
-        self.enc_len = dict.fromkeys(self.fields)  # field -> uint32 lengths, once a value needed encoding
+        self.enc_len: dict[str, Any] = dict.fromkeys(self.fields)  # field -> uint32 lengths, once a value needed encoding
         self.enc = {f: np.zeros(0, np.uint8) for f in self.fields}
         self.enc_used = dict.fromkeys(self.fields, 0)
 

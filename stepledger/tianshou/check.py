@@ -9,6 +9,8 @@ vector env and the collector (``FaultyVectorEnv``, ``place="vector"``), and
 the report says whether compare named its env, episode, step and field.
 """
 
+from typing import Any
+
 import os
 
 import numpy as np
@@ -56,7 +58,8 @@ def collector_rollout(env_fn, vector, num_envs, steps, directory, fault=None, pl
         venv.close()
         raise
     try:
-        for k, space in enumerate(collector.action_space):
+        spaces: Any = collector.action_space
+        for k, space in enumerate(spaces):
             space.seed(seed + k)
         collector.reset()
         collector.collect(n_step=steps * num_envs, random=True)

@@ -27,6 +27,8 @@ whatever the number of steps; nothing is done per step but noting the
 actions sent.
 """
 
+from typing import Any
+
 import warnings
 
 import numpy as np
@@ -40,7 +42,7 @@ __all__ = ["LedgerCollector"]
 
 try:
     from tianshou.data import HERReplayBuffer, HERReplayBufferManager
-    _VALUE_CHANGING_BUFFERS = (HERReplayBuffer, HERReplayBufferManager, CachedReplayBuffer)
+    _VALUE_CHANGING_BUFFERS: tuple[type, ...] = (HERReplayBuffer, HERReplayBufferManager, CachedReplayBuffer)
 except ImportError:  # pragma: no cover
     _VALUE_CHANGING_BUFFERS = (CachedReplayBuffer,)
 
@@ -85,7 +87,7 @@ class LedgerCollector(Collector):
         self.ledger = TrainerLedger(path, n, obs_space, act_space, reward_dtype=reward_dtype,
                                     flush_interval=flush_interval, owner="LedgerCollector")
         self._book = _Book(self.ledger, self.buffer, n)
-        self.env = _VectorTap(venv, self._book)
+        self.env: Any = _VectorTap(venv, self._book)
         _link_dummy_envs(venv, self.ledger)
 
     @property
@@ -171,7 +173,7 @@ class _Book:
             self._subs, self._offsets = [buffer], [0]
         self._last = [int(b._insertion_idx) for b in self._subs]  # each sub-buffer's insertion point, last read
         self._pending_reset = [None] * n  # obs of a reset no transition has followed yet
-        self._pending_step = [None] * n   # (global index, action, reward, terminated, truncated) awaiting its obs
+        self._pending_step: list[Any] = [None] * n   # (global index, action, reward, terminated, truncated) awaiting its obs
         self._ignore_obs_next = not getattr(buffer, "_save_obs_next", True)
         self.broken = False  # a batch the engine could not take (one reward per agent): recording stopped
 
