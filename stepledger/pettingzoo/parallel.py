@@ -16,14 +16,17 @@ with its first observation, recorded as a reset. The ledger file is
 ``directory/env-{index}.npz``, with ``possible_agents`` in its meta.
 """
 
+from __future__ import annotations
+
 import os
 import warnings
 import weakref
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
 try:
-    from pettingzoo.utils import BaseParallelWrapper
+    from pettingzoo.utils import BaseParallelWrapper  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised in a venv without PettingZoo
     raise ImportError("stepledger.pettingzoo needs PettingZoo: pip install \"plugrl-stepledger[pettingzoo]\" "
                       "(or pip install pettingzoo)") from exc
@@ -33,23 +36,24 @@ from stepledger import core
 from stepledger.format import storage
 from stepledger import wording
 from stepledger.errors import LedgerError
+from stepledger.recording.adapters import EnvAdapter, TrainerAdapter
 from stepledger.recording.live import settings_message
 from stepledger.recording.recording import Recording, attend, check_directory, check_path, check_reward_dtype
 from stepledger.recording.recording import flush_interval as resolve_flush_interval
 from stepledger.format.spaces import LeafLayout
 from stepledger.recording.placement import own_attr, slot_infos
-from stepledger.recording.trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
+from stepledger.recording.trainer import SAME_STEP, OnFault
 
 __all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
 
 
-def agent_streams(index, possible_agents):
+def agent_streams(index: int, possible_agents: Sequence[Hashable]) -> dict[Hashable, int]:
     """{agent: stream id} of env copy ``index``: SuperSuit's vector slot of each agent."""
     n = len(possible_agents)
     return {agent: index * n + k for k, agent in enumerate(possible_agents)}
 
 
-def slot_map(possible_agents, slots):
+def slot_map(possible_agents: Sequence[Hashable], slots: Sequence[tuple[int, Hashable]]) -> list[int]:
     """The env stream each vector slot carries, for a vectoriser that orders (env copy, agent) pairs its own way.
 
     ``slots`` lists, slot by slot, the (env copy, agent) pair the slot
@@ -110,10 +114,10 @@ def _one_space(env, kind, agents):
 
 # (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
 # (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
-_COPIES = []
+_COPIES: list[tuple[int, weakref.ref[LedgerParallelEnv]]] = []
 
 
-class LedgerParallelEnv(BaseParallelWrapper):
+class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
     """Records what each agent of a PettingZoo parallel env took and gave.
 
     Example::
@@ -141,8 +145,9 @@ class LedgerParallelEnv(BaseParallelWrapper):
             with the settings and ``possible_agents``.
     """
 
-    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, flush_interval=None,
-                 live=False):
+    def __init__(self, env: Any, directory: str | os.PathLike[str], index: int | None = None,
+                 reward_dtype: Any = np.float32, keep_values: bool = False, flush_interval: float | None = None,
+                 live: bool = False) -> None:
         super().__init__(env)
         agents = list(getattr(env, "possible_agents", None) or [])
         if not agents:
@@ -178,7 +183,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
 
     # ------------------------------------------------------------------ the index
 
-    def set_index(self, index):
+    def set_index(self, index: int) -> None:
         """Give this env copy its index (its position in the trainer's vector env), before its first reset."""
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
             raise ValueError("LedgerParallelEnv: index must be a non-negative integer, got %r" % (index,))
@@ -204,11 +209,6 @@ class LedgerParallelEnv(BaseParallelWrapper):
             self._unsent = set(self._agents)
         self.index = index
 
-    @property
-    def ledger_path(self):
-        """Where the ledger is written (None until the index is given)."""
-        return None if self._recording is None else self._recording.path
-
     def _recorder(self):
         if self._recorders is None:
             raise LedgerError("LedgerParallelEnv: no index: give index= or call set_index(i) before the first "
@@ -217,13 +217,10 @@ class LedgerParallelEnv(BaseParallelWrapper):
 
     # ------------------------------------------------------------------ events
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[dict[Any, Any], dict[Any, dict[str, Any]]]:
         recorders = self._recorder()
-        try:
-            obs, infos = self.env.reset(seed=seed, options=options)
-        except BaseException:
-            self._recording.interrupted = True
-            raise
+        obs, infos = self._call(self.env.reset, seed=seed, options=options)
         self._in_play = set()
         entered = []
         if self._enter(recorders, obs, (), entered):
@@ -232,7 +229,8 @@ class LedgerParallelEnv(BaseParallelWrapper):
             infos = self._with_tokens(infos, (), entered)
         return obs, infos
 
-    def step(self, actions):
+    def step(self, actions: dict[Any, Any]) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, bool],
+                                                     dict[Any, bool], dict[Any, dict[str, Any]]]:
         recorders = self._recorder()
         # Each agent's action is noted as sent, before the env (which may change arrays in place) sees it.
         acting = []
@@ -243,8 +241,8 @@ class LedgerParallelEnv(BaseParallelWrapper):
                 acting.append(agent)
         try:
             obs, rewards, terminations, truncations, infos = self.env.step(actions)
-        except BaseException:
-            self._recording.interrupted = True
+        except BaseException:  # Ctrl-C or an error inside the env: the run did not end cleanly
+            self._interrupted()
             raise
         over = False
         for agent in acting:
@@ -296,20 +294,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
                 entered.append(agent)
         return over
 
-    # ------------------------------------------------------------------ writing
-
-    def flush(self):
-        """Write what is new in the ledger (a spill segment); recording goes on."""
-        if self._recording is not None:
-            self._recording.flush()
-
-    def close(self):
-        """Write the ledger file, then close the env."""
-        try:
-            if self._recording is not None:
-                self._recording.close()
-        finally:
-            self.env.close()
+    # ledger_path, flush() and close(): EnvAdapter's
 
 
 def _supersuit_inner(venv):
@@ -333,7 +318,7 @@ def _ledger_in(par_env):
     return env
 
 
-def index_supersuit_copies(venv, strict=True):
+def index_supersuit_copies(venv: Any, strict: bool = True) -> int:
     """Give each env copy of a SuperSuit vector env its index: copy c's LedgerParallelEnv gets c.
 
     ``concat_vec_envs_v1`` builds every copy from one env (a pickled copy of
@@ -406,7 +391,7 @@ class _WorkerIndices:
 _TERMINAL_OBS = "terminal_observation"
 
 
-class LedgerSuperSuitVecEnv(WritesTrainerLedger):
+class LedgerSuperSuitVecEnv(TrainerAdapter):
     """The trainer side of SuperSuit's Gymnasium form (``concat_vec_envs_v1(..., base_class="gymnasium")``).
 
     That vector env is not a Gymnasium 1.x vector env: its infos are a list
@@ -432,35 +417,28 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
     agent) map, ``slot_map``) as there.
     """
 
-    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None, live=False,
-                 on_fault="raise", keep_tokens=False, streams=None):
+    def __init__(self, venv: Any, path: str | os.PathLike[str] | None, reward_dtype: Any = np.float32,
+                 keep_values: bool = False, flush_interval: float | None = None, live: bool = False,
+                 on_fault: OnFault = "raise", keep_tokens: bool = False, streams: Sequence[int] | None = None) -> None:
         self.venv = venv
         try:
             index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
         except LedgerError:
             pass  # not one of SuperSuit's vector envs: nothing to give
-        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
-                                    autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values,
-                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
-                                    flush_interval=flush_interval, streams=streams, owner="LedgerSuperSuitVecEnv")
-        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
-        self.live = bool(live)
+        self._open_ledger(venv, path, venv.num_envs, venv.observation_space, venv.action_space,
+                          autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values, live=live,
+                          on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
+                          streams=streams, owner="LedgerSuperSuitVecEnv",
+                          final_obs_name="infos[{i}]['%s']" % _TERMINAL_OBS)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("venv", "ledger"):
             raise AttributeError(name)
         return getattr(self.venv, name)
 
-    @property
-    def ledger_path(self):
-        return self.ledger.path
-
-    def reset(self, seed=None, options=None):
-        try:
-            obs, infos = self.venv.reset(seed=seed, options=options)
-        except BaseException:
-            self.ledger.interrupted()
-            raise
+    def reset(self, seed: int | list[int] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+        obs, infos = self._call(self.venv.reset, seed=seed, options=options)
         led = self.ledger
         led.reset(obs)
         if self.live:
@@ -469,17 +447,12 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
             led.check_tokens(led.tokens(slots, S.RESET_TOKEN_KEY))
         return obs, infos
 
-    @property
-    def live_faults(self):
-        """The boundary faults the live check has found so far (BoundaryFault objects)."""
-        return self.ledger.live_faults
-
-    def step(self, actions):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, list[dict[str, Any]]]:
         led = self.ledger
         led.actions(actions)
         try:
             obs, rewards, terminations, truncations, infos = self.venv.step(actions)
-        except BaseException:
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
             led.interrupted()
             raise
         led.step(obs, rewards, terminations, truncations,

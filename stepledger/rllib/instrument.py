@@ -41,10 +41,13 @@ Where each side is recorded (the new API stack: env runners, episodes, learners)
   of the runner it replaces; the old runner's ledgers end where it died.
 """
 
+from __future__ import annotations
+
 import functools
 import os
 import uuid
 import warnings
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +57,11 @@ from stepledger.gymnasium.env import LedgerEnv
 from stepledger.errors import SettingsError
 from stepledger.gymnasium.faults import FaultyEnv
 from stepledger.recording.recording import attend
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig  # type: ignore[import-not-found]
+
+Placement = Literal["auto", "learner", "runner"]
 
 TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
 TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger, with one learner
@@ -93,7 +101,7 @@ class LedgeredEnvCreator:
         if callable(env):
             self.maker = env
             return
-        from ray.tune.registry import ENV_CREATOR, _global_registry
+        from ray.tune.registry import ENV_CREATOR, _global_registry  # type: ignore[import-not-found]
         self.maker = _global_registry.get(ENV_CREATOR, env) if _global_registry.contains(ENV_CREATOR, env) else \
             functools.partial(_gym_make, env)
 
@@ -143,7 +151,7 @@ def _recreated(env_runner):
     if int(env_runner.worker_index) == 0:
         return False
     try:
-        import ray
+        import ray  # type: ignore[import-not-found]
         with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated actor_id
             warnings.simplefilter("ignore", DeprecationWarning)
             return bool(ray.get_runtime_context().was_current_actor_reconstructed)
@@ -160,7 +168,7 @@ def _index_env(run, env_runner, env, **_):
     if _recreated(env_runner):
         # RLlib restarted this runner's actor after a failure: new indices, so that the ledgers of the
         # runner it replaces are neither overwritten nor continued by another process.
-        import ray
+        import ray  # type: ignore[import-not-found]
         allocator = ray.get_actor(ALLOCATOR % run)
         base = ray.get(allocator.take.remote(n))
     env_runner._stepledger_base = base
@@ -241,7 +249,8 @@ def env_actions(actions, action_space, config):
     """The actions the env runner sent for the policy's ``actions``, as its NormalizeAndClipActions made them."""
     if not getattr(config, "add_default_connectors_to_module_to_env_pipeline", True):
         return actions
-    from ray.rllib.utils.spaces.space_utils import clip_action, get_base_struct_from_space, unsquash_action
+    from ray.rllib.utils.spaces.space_utils import (  # type: ignore[import-not-found]
+        clip_action, get_base_struct_from_space, unsquash_action)
     struct = get_base_struct_from_space(action_space)
     if config.normalize_actions:
         return unsquash_action(actions, struct)
@@ -359,7 +368,7 @@ def _training_episodes(kwargs):
 def _hook_algorithm(settings, algorithm, **_):
     """on_algorithm_init (the algorithm's process): with the learner placement, record what the learner group
     is handed and close at stop(); the allocator of indices for recreated runners either way."""
-    import ray
+    import ray  # type: ignore[import-not-found]
     config = algorithm.config
     runners = int(config.num_env_runners)
     n = int(config.num_envs_per_env_runner)
@@ -471,7 +480,7 @@ def _learner_token(learner):
 
 
 def _tap_class():
-    from ray.rllib.connectors.connector_v2 import ConnectorV2
+    from ray.rllib.connectors.connector_v2 import ConnectorV2  # type: ignore[import-not-found]
 
     class StepledgerLearnerTap(ConnectorV2):
         """The first piece of a learner's connector pipeline: records the learner's shard of episodes (slices
@@ -505,7 +514,7 @@ def learner_pipeline(learner):
 
 def no_learner_pipeline(learner_class):
     """The one-line error where a learner has no connector pipeline at LEARNER_PIPELINE (another Ray)."""
-    import ray
+    import ray  # type: ignore[import-not-found]
     return SettingsError("stepledger.rllib: the %s learner of this Ray (%s) has no connector pipeline at %s, where "
                          "the trainer side records what it trains on (Ray 2.60 has one); use "
                          "instrument(..., placement='runner')" % (getattr(learner_class, "__name__", learner_class),
@@ -554,8 +563,9 @@ def _append(existing, fn):
     return [existing, fn]
 
 
-def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_values=False,
-               flush_interval=None):
+def instrument(config: AlgorithmConfig, path: str | os.PathLike[str], *, placement: Placement = "auto",
+               reward_dtype: Any = np.float32, keep_values: bool = False,
+               flush_interval: float | None = None) -> AlgorithmConfig:
     """Record both sides of an RLlib run into ``path`` (a directory or an fsspec URL); returns the config.
 
     The user's env, callbacks, connectors and learner keep working as they
@@ -575,7 +585,7 @@ def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_
         reward_dtype, keep_values, flush_interval: as for ``LedgerEnv``.
     """
     try:
-        from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+        from ray.rllib.algorithms.algorithm_config import AlgorithmConfig  # type: ignore[import-not-found]
     except ImportError as exc:
         raise ImportError("stepledger.rllib needs Ray RLlib: pip install 'plugrl-stepledger[rllib]' (%s)" % exc) \
             from None
@@ -607,7 +617,7 @@ def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_
         raise ValueError("stepledger.rllib.instrument: placement must be one of %s, got %r"
                          % (", ".join(PLACEMENTS), placement))
     if placement == "auto":
-        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.algorithms.ppo import PPOConfig  # type: ignore[import-not-found]
         placement = "learner" if isinstance(config, PPOConfig) else "runner"
     user_env = config.env
     settings = dict(run=uuid.uuid4().hex[:16], path=path, placement=placement, reward_dtype=reward_dtype,
