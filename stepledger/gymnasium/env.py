@@ -103,7 +103,7 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.live = bool(live)
         self.index = None      # the env's index once given: index=, set_index() or the trainer side's link
         self._index_from = None
-        self._link = None      # (run, position) the trainer side told before the recording began
+        self._link: tuple[str | None, int] | None = None  # (run, position) the trainer side told before the recording began
         self._recording = None
         self._rec = _FirstEvent(self)  # stands in for the recorder until the index is known or an event comes
         self._started = False

@@ -66,7 +66,7 @@ def resolve_autoreset_mode(env: Any, autoreset_mode: Any, owner: str) -> str:
                      "autoreset_mode='next_step' or 'same_step' to say so" % (owner, type(env).__name__))
 
 
-def link_envs(env: gym.vector.VectorEnv, side: TrainerLedger) -> None:
+def link_envs(env: Any, side: TrainerLedger) -> None:
     """Tell each env-side ledger of a Gymnasium vector env the run and its position in it.
 
     Through ``set_attr``, which reaches a ``LedgerEnv`` anywhere in each env's

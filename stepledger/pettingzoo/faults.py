@@ -3,7 +3,7 @@
 It drives the library-free ``stepledger.faults.FaultEngine``; docs/FAULTS.md has the faults and doses.
 """
 
-from pettingzoo.utils import BaseParallelWrapper
+from pettingzoo.utils import BaseParallelWrapper  # type: ignore[import-untyped]
 
 from stepledger.faults.engine import MULTIAGENT_FAULTS, FaultEngine, Injector, zeros_like
 from stepledger.recording.placement import own_attr

@@ -74,10 +74,11 @@ def slot_map(possible_agents: Sequence[Hashable], slots: Sequence[tuple[int, Has
     if not n:
         refuse("possible_agents is empty")
     try:
-        pairs = [tuple(p) for p in slots]
+        pairs: list[tuple[Any, ...]] = [tuple(p) for p in slots]
     except TypeError:
         refuse("give one (env copy, agent) pair per slot")
-    streams, where = [], {}
+    streams: list[int] = []
+    where: dict[int, int] = {}
     for i, pair in enumerate(pairs):
         if len(pair) != 2:
             refuse("slot %d is %r, not an (env copy, agent) pair" % (i, pair))
@@ -167,12 +168,12 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
         self._directory = directory
         self._keep_values = bool(keep_values)
         self._recording = None
-        self._recorders = None  # {agent: core.EventRecorder}
-        self._in_play = set()   # agents whose episode is under way (reset and not ended)
+        self._recorders: dict[Any, Any] | None = None  # {agent: core.EventRecorder}
+        self._in_play: set[Any] = set()  # agents whose episode is under way (reset and not ended)
         self.live = bool(live)
-        self._streams = None    # {agent: stream id}, once indexed
-        self._unsent = set()    # with live: agents whose first token (it carries the settings) is still to go
-        self.index = None
+        self._streams: dict[Any, int] | None = None  # {agent: stream id}, once indexed
+        self._unsent: set[Any] = set()  # with live: agents whose first token (it carries the settings) is still to go
+        self.index: int | None = None
         if index is not None:
             self.set_index(index)
 
@@ -191,7 +192,7 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
         if self._recording is not None:
             if index == self.index:
                 return
-            raise LedgerError("LedgerParallelEnv: this env copy is index %d already; it cannot become %d"
+            raise LedgerError("LedgerParallelEnv: this env copy is index %s already; it cannot become %d"
                               % (self.index, index))
         path = storage.join(self._directory, "env-%d.npz" % index)
         streams = agent_streams(index, self._agents)
@@ -222,7 +223,7 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
         recorders = self._recorder()
         obs, infos = self._call(self.env.reset, seed=seed, options=options)
         self._in_play = set()
-        entered = []
+        entered: list[Any] = []
         if self._enter(recorders, obs, (), entered):
             attend()
         if self.live:
@@ -250,7 +251,7 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
             over |= recorders[agent].step_taken(obs.get(agent), rewards.get(agent, 0.0), te, tr)
             if te or tr:
                 self._in_play.discard(agent)
-        entered = [] if self.live else None
+        entered: list[Any] | None = [] if self.live else None
         over |= self._enter(recorders, obs, acting, entered)  # an agent that joined: its first observation
         if over:
             attend()

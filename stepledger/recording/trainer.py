@@ -195,22 +195,23 @@ class TrainerLedger:
         self._pop_tokens = not keep_tokens
         self._kept_actions, self._was_pending = None, None  # with keep_values: the actions under way
         self._warned_missing = False
-        self.ended = []  # the envs whose episode ended at the latest same-step call of step or step_dones
+        self.ended: list[int] = []  # the envs whose episode ended at the latest same-step call of step or step_dones
         self.final_obs_name = final_obs_name  # where it was looked for, for the warning ("{i}": env)
         # ``step_results(results)``: a vector env's whole step, the (obs, rewards, terminated, truncated,
         # info) it returned, recorded by the core in one call where nothing else is to be done with it (no
         # kept values, no live check, a file). It returns False, or True when the recordings want attention
         # (``attend()``); under same-step autoreset None when an env's episode ended, with nothing recorded
         # (its final observation is needed: ``step``). None where it does not apply.
-        self.step_results = None
+        self.step_results: Callable[[Any], bool | None] | None = None
         if not self.keep_values:
-            # The hot path: the core's own methods, no Python frame in between.
-            self.actions = rec.actions
-            self.actions_per_env = rec.actions_per_env
+            # The hot path: the core's own methods, no Python frame in between (instance attributes that
+            # stand in for the methods below, with their signatures).
+            self.actions = rec.actions  # type: ignore[method-assign]
+            self.actions_per_env = rec.actions_per_env  # type: ignore[method-assign]
             if self.autoreset_mode == NEXT_STEP:
-                self.step = self._step_next_plain
+                self.step = self._step_next_plain  # type: ignore[method-assign]
             elif self.autoreset_mode == SAME_STEP:
-                self.step = self._step_same_plain
+                self.step = self._step_same_plain  # type: ignore[method-assign]
             if not live and self.recording is not None:
                 self.step_results = {NEXT_STEP: rec.step_next_results,
                                      SAME_STEP: rec.step_same_results}.get(self.autoreset_mode)
@@ -238,7 +239,7 @@ class TrainerLedger:
         over = self._rec.reset(obs, mask)
         if self.keep_values:
             rows = self.obs_layout.cast_each(obs, self.num_envs)
-            for i, store in enumerate(self.recording.values):
+            for i, store in enumerate(self.recording.values):  # type: ignore[union-attr]  # kept: a file
                 if mask is None or mask[i]:
                     over |= store.append(rows[i], None)
         self._after(over)
@@ -249,7 +250,7 @@ class TrainerLedger:
         rec.actions(actions)
         self._keep_actions(self.act_layout.cast_each(actions, self.num_envs))
 
-    def actions_per_env(self, actions: Sequence[Any]) -> None:
+    def actions_per_env(self, actions: Any) -> None:
         """Note the actions about to be sent, given one value per env (env i is sent ``actions[i]``)."""
         self._rec.actions_per_env(actions)
         self._keep_actions(self.act_layout.cast_per_env(actions, self.num_envs))
@@ -337,7 +338,7 @@ class TrainerLedger:
         """Record that env ``i`` was reset and returned ``obs``."""
         over = self._rec.env_reset(i, obs)
         if self.keep_values:
-            over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)
+            over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
         self._after(over)
 
     def env_steps(self, i: int, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
@@ -348,7 +349,7 @@ class TrainerLedger:
             m = len(np.asarray(rewards).reshape(-1))
             arows = self.act_layout.cast_each(actions, m)
             orows = self.obs_layout.cast_each(obs, m)
-            store = self.recording.values[i]
+            store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
             for k in range(m):
                 over |= store.append(orows[k], arows[k])
         self._after(over)

@@ -159,7 +159,7 @@ class StopOnBoundaryFault(BaseCallback):
         self.ledger: LedgerVecEnv | None = None
 
     def _init_callback(self) -> None:
-        env = self.training_env
+        env: Any = self.training_env
         while env is not None and not isinstance(env, LedgerVecEnv):
             env = getattr(env, "venv", None)
         if env is None or not env.live:
