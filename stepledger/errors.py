@@ -1,4 +1,13 @@
-"""The exceptions stepledger raises."""
+"""The exceptions stepledger raises, and how an exception it reports is cut to one line."""
+
+from __future__ import annotations
+
+
+def one_line(exc: BaseException) -> str:
+    """What a one-line message quotes of ``exc``: the first line of its text (its type's name if it has
+    none), at most 200 characters."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
 
 
 class LedgerError(Exception):

@@ -199,7 +199,7 @@ def time_limit(env_fn: Callable[[int], gym.Env[Any, Any]], target: int) -> int |
         env.close()
 
 
-def run_check(one: Rollout, faults: Sequence[str], opportunity: Opportunity, directory: str | None = None,
+def run_check(one: Rollout, faults: Sequence[str], opportunity: Opportunity, directory: str | os.PathLike[str] | None = None,
               keep: bool = False, steps: int | None = None, progress: Callable[[int, int], Any] | None = None,
               agents: Sequence[str] | None = None, prefix: str = "stepledger-check-") -> CheckReport:
     """The check's runs: ``one(sub, fault)`` runs a rollout into directory ``sub`` (``fault`` None: the
@@ -207,7 +207,7 @@ def run_check(one: Rollout, faults: Sequence[str], opportunity: Opportunity, dir
     no opportunity, ``opportunity(fault, clean_dir)`` says why and how many steps a rollout needs (or
     None). Returns the CheckReport; a temporary directory made here is removed when the check passes."""
     made = directory is None
-    directory = directory or tempfile.mkdtemp(prefix=prefix)
+    directory = os.fspath(directory) if directory is not None else tempfile.mkdtemp(prefix=prefix)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # step-after-done warnings from faulty flags are expected

@@ -26,7 +26,7 @@ import numpy as np
 from stepledger.format import schema as S
 from stepledger.format import processes
 from stepledger.format.zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter, inflate_prefix
-from stepledger.errors import LedgerError
+from stepledger.errors import LedgerError, one_line
 
 # How each member is stored: _schema.COLUMN_LEVELS says why.
 _LEVEL = dict(S.COLUMN_LEVELS[DEFLATE], **dict.fromkeys(
@@ -249,11 +249,6 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (
     OverflowError) + INFLATE_ERRORS
 
 
-def _short(exc):
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
-
-
 def _pread(fd, n, offset):
     """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
     parts, got = [], 0
@@ -278,12 +273,12 @@ def open_regular(path):
     except FileNotFoundError:
         raise LedgerError("%s: no such file" % path) from None
     except (OSError, ValueError) as exc:
-        raise LedgerError("%s: cannot open (%s)" % (path, getattr(exc, "strerror", None) or _short(exc))) from None
+        raise LedgerError("%s: cannot open (%s)" % (path, getattr(exc, "strerror", None) or one_line(exc))) from None
     try:
         st = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
-        raise LedgerError("%s: cannot open (%s)" % (path, exc.strerror or _short(exc))) from None
+        raise LedgerError("%s: cannot open (%s)" % (path, exc.strerror or one_line(exc))) from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -515,7 +510,7 @@ def _parse_npy_header(prefix):
             warnings.simplefilter("ignore")  # a deprecated type alias is read as numpy reads it, without a word
             dtype = np.dtype(fields["descr"])
     except Exception as exc:  # an untrusted type string: whatever numpy raises for it
-        raise ValueError("bad .npy header (dtype %r: %s)" % (fields["descr"][:40], _short(exc))) from None
+        raise ValueError("bad .npy header (dtype %r: %s)" % (fields["descr"][:40], one_line(exc))) from None
     return fields["shape"], fields["fortran_order"], dtype, start + length
 
 
@@ -541,7 +536,7 @@ class _ColumnSource:
                 prefix = inflate_prefix(self.fd, entry.data, entry.csize, n)
             shape, fortran, dtype, self.header_len = _parse_npy_header(prefix)
         except _READ_ERRORS as exc:
-            raise LedgerError("%s: member %s is not a readable array (%s)" % (self.path, name, _short(exc))) from None
+            raise LedgerError("%s: member %s is not a readable array (%s)" % (self.path, name, one_line(exc))) from None
         if dtype.hasobject:
             raise LedgerError("%s: member %s holds pickled objects; a ledger never does" % (self.path, name))
         if fortran:
@@ -595,7 +590,7 @@ class _ColumnSource:
             # reading past the last row reaches the end of the stream, where its CRC is checked
         except _READ_ERRORS as exc:
             self._cursor = None
-            raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
+            raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, one_line(exc))) from None
         if len(data) != want:
             self._cursor = None
             raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
@@ -617,7 +612,7 @@ class _ColumnSource:
                     break
                 got += n
         except OSError as exc:
-            raise LedgerError("%s: member %s cannot be read (%s)" % (self.path, self.name, _short(exc))) from None
+            raise LedgerError("%s: member %s cannot be read (%s)" % (self.path, self.name, one_line(exc))) from None
         if got != want:
             raise LedgerError("%s: member %s is truncated" % (self.path, self.name))
         if self.verify:
@@ -666,7 +661,7 @@ class _ColumnSource:
             cursor.skip(self.info.usize)
             cursor.read(1)
         except _READ_ERRORS as exc:
-            raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, _short(exc))) from None
+            raise LedgerError("%s: member %s is damaged (%s)" % (self.path, self.name, one_line(exc))) from None
         self.verified = cursor.eof
 
 
@@ -768,7 +763,7 @@ class LedgerFile:
             raise
         except Exception as exc:  # a malformed file numpy or struct trips on: still one line, naming the file
             self.close()
-            raise LedgerError("%s: not a readable ledger (%s)" % (path, _short(exc))) from None
+            raise LedgerError("%s: not a readable ledger (%s)" % (path, one_line(exc))) from None
 
     def _validate(self, entries):
         path = self.path

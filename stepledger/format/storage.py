@@ -40,7 +40,7 @@ import re
 import uuid
 from typing import TypeVar
 
-from stepledger.errors import LedgerError
+from stepledger.errors import LedgerError, one_line
 
 _T = TypeVar("_T")
 
@@ -89,11 +89,6 @@ def join(base, name):
     return (base if base.endswith("/") else base + "/") + name
 
 
-def _short(exc):
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
-
-
 def _fsspec(url):
     try:
         import fsspec
@@ -109,7 +104,7 @@ def filesystem(url):
     try:
         return fsspec.core.url_to_fs(url)
     except Exception as exc:  # ImportError "Install s3fs to access S3", ValueError "Protocol not known", ...
-        raise LedgerError("%s: cannot open this URL (%s)" % (url, _short(exc))) from None
+        raise LedgerError("%s: cannot open this URL (%s)" % (url, one_line(exc))) from None
 
 
 def check(url):
@@ -145,7 +140,7 @@ def _ask(url, question):
     except FileNotFoundError:
         return False
     except Exception as exc:
-        raise LedgerError("%s: cannot reach (%s)" % (url, _short(exc))) from None
+        raise LedgerError("%s: cannot reach (%s)" % (url, one_line(exc))) from None
 
 
 def exists(url):
@@ -165,7 +160,7 @@ def listdir(url):
     except (FileNotFoundError, NotADirectoryError):
         return []
     except Exception as exc:
-        raise LedgerError("%s: cannot list (%s)" % (url, _short(exc))) from None
+        raise LedgerError("%s: cannot list (%s)" % (url, one_line(exc))) from None
     own = p.rstrip("/")
     names = []
     for e in entries:
@@ -209,7 +204,7 @@ def size(url):
     except FileNotFoundError:
         return None
     except Exception as exc:
-        raise LedgerError("%s: cannot reach (%s)" % (url, _short(exc))) from None
+        raise LedgerError("%s: cannot reach (%s)" % (url, one_line(exc))) from None
 
 
 def rmdir(url):
@@ -224,8 +219,8 @@ def rmdir(url):
 def _reason(exc):
     """Why a storage call failed, in a few words and the backend's first line."""
     if isinstance(exc, PermissionError):
-        return "the storage refused these credentials, or they may not write here (%s)" % _short(exc)
-    return _short(exc)
+        return "the storage refused these credentials, or they may not write here (%s)" % one_line(exc)
+    return one_line(exc)
 
 
 def check_writable(url):
@@ -242,7 +237,7 @@ def check_writable(url):
         try:
             bucket = fs.split_path(p)[0]
         except Exception as exc:
-            raise LedgerError("%s: not a valid location (%s)" % (url, _short(exc))) from None
+            raise LedgerError("%s: not a valid location (%s)" % (url, one_line(exc))) from None
         _fresh(fs)
         try:
             fs.info(bucket)
@@ -252,7 +247,7 @@ def check_writable(url):
         except PermissionError as exc:
             raise LedgerError("%s: %s" % (url, _reason(exc))) from None
         except Exception as exc:
-            raise LedgerError("%s: cannot reach the storage (%s)" % (url, _short(exc))) from None
+            raise LedgerError("%s: cannot reach the storage (%s)" % (url, one_line(exc))) from None
     probe = "%s/.stepledger-probe-%d-%s" % (parent, os.getpid(), uuid.uuid4().hex[:8])
     try:
         if parent and not is_object_store(fs):
@@ -316,7 +311,7 @@ def fetch(url, local):
             pass
         return False
     except Exception as exc:
-        raise LedgerError("%s: cannot read (%s)" % (url, _short(exc))) from None
+        raise LedgerError("%s: cannot read (%s)" % (url, one_line(exc))) from None
 
 
 def fetch_all(copies):
@@ -337,6 +332,6 @@ def fetch_all(copies):
     except FileNotFoundError:
         pass  # one of them is gone: copy the others one by one
     except Exception as exc:
-        raise LedgerError("%s: cannot read (%s)" % (copies[0][0], _short(exc))) from None
+        raise LedgerError("%s: cannot read (%s)" % (copies[0][0], one_line(exc))) from None
     for url, local in copies:
         fetch(url, local)

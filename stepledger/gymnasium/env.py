@@ -1,8 +1,11 @@
 """The env side: ``LedgerEnv``, outermost in the environment's own process."""
 
+from __future__ import annotations
+
 import os
 import time
 import warnings
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -13,6 +16,7 @@ from stepledger import wording
 from stepledger.format import schema as S
 from stepledger.format.schema import SETTINGS_KEY, TOKEN_KEY
 from stepledger.errors import LedgerError
+from stepledger.recording.adapters import EnvAdapter
 from stepledger.recording.live import settings_message
 from stepledger.recording.checks import check_directory, check_path, check_reward_dtype
 from stepledger.recording.checks import flush_interval as resolve_flush_interval
@@ -22,7 +26,7 @@ from stepledger.recording.spiller import open_recording
 from stepledger.format.spaces import LeafLayout
 
 
-class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
+class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Records what an environment took and gave, for comparison with the trainer's record.
 
     Place it outermost in the env's own process: after TimeLimit, Monitor and
@@ -72,8 +76,9 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             loses at most about this much of its record.
     """
 
-    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, live=False,
-                 flush_interval=None):
+    def __init__(self, env: gym.Env[Any, Any], directory: str | os.PathLike[str] | None, index: int | None = None,
+                 reward_dtype: Any = np.float32, keep_values: bool = False, live: bool = False,
+                 flush_interval: float | None = None) -> None:
         gym.utils.RecordConstructorArgs.__init__(self, directory=directory, index=index,
                                                  reward_dtype=reward_dtype, keep_values=keep_values, live=live,
                                                  flush_interval=flush_interval)
@@ -101,7 +106,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.live = bool(live)
         self.index = None      # the env's index once given: index=, set_index() or the trainer side's link
         self._index_from = None
-        self._link = None      # (run, position) the trainer side told before the recording began
+        self._link: tuple[str | None, int] | None = None  # (run, position) the trainer side told before the recording began
         self._recording = None
         self._rec = _FirstEvent(self)  # stands in for the recorder until the index is known or an event comes
         self._started = False
@@ -155,7 +160,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def _events(self):
         return self._rec.counter if self._started else 0
 
-    def set_index(self, index):
+    def set_index(self, index: int) -> None:
         """Give this env its index (its position in the trainer's vector env), if ``index=`` was not given.
 
         Before its first event: that event fixes the index. Through wrappers:
@@ -176,23 +181,17 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._start(index, "set_index()")
 
     @property
-    def stepledger_index(self):
+    def stepledger_index(self) -> int | None:
         """The env's index (None until given): setting it calls ``set_index``, so a vector env's
         ``set_attr("stepledger_index", [...])`` gives each env its own."""
         return self.index
 
     @stepledger_index.setter
-    def stepledger_index(self, index):
+    def stepledger_index(self, index: int) -> None:
         self.set_index(index)
 
     @property
-    def ledger_path(self):
-        """Where the ledger is written (``env-N.dup-*.npz`` if another live process records env N; None
-        until the index is given or the first event is recorded)."""
-        return None if self._recording is None else self._recording.path
-
-    @property
-    def stepledger_link(self):
+    def stepledger_link(self) -> tuple[str | None, int] | None:
         """(run, position): what the trainer-side ledger told this env (None until it does)."""
         rec = self._recording
         if rec is None:
@@ -200,7 +199,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return None if rec.run is None else (rec.run, rec.position)
 
     @stepledger_link.setter
-    def stepledger_link(self, value):
+    def stepledger_link(self, value: tuple[str | None, int]) -> None:
         # Set by the trainer side through the vector env's set_attr (or SB3's env_method):
         # the run this ledger belongs to, and this env's position in the vector env. It never
         # raises: the trainer side cannot tell a refusal from a vector env without LedgerEnvs.
@@ -229,14 +228,11 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._recording is not None:
             self._recording.link(run, position)
 
-    def reset(self, *, seed=None, options=None):
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if not self._started:
             self._begin()  # before the env is reset: with live=True and no index, it refuses
-        try:
-            obs, info = self.env.reset(seed=seed, options=options)
-        except BaseException:
-            self._interrupted()
-            raise
+        obs, info = self._call(self.env.reset, seed=seed, options=options)
         try:
             over = self._rec.reset(obs)
         except Exception as exc:  # the env's reset never raises because of the ledger
@@ -247,7 +243,7 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._spill()
         return obs, info
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         # The action is noted as received, before the env sees it: an env that changes its
         # action array in place must not make the ledger disagree with what was sent.
         rec = self._rec
@@ -287,10 +283,6 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._buffer.clear()
         return info
 
-    def _interrupted(self):
-        if self._recording is not None:
-            self._recording.interrupted = True
-
     def _failed(self, what, exc, stacklevel=3):
         warnings.warn("stepledger: LedgerEnv(index=%s) could not record a %s: %s" % (self.index, what, exc),
                       RuntimeWarning, stacklevel=stacklevel)
@@ -302,23 +294,8 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
             return
         attend()  # spills what is due; a failed write warns once and backs off, never raises
 
-    def flush(self):
-        """Write what is new in the ledger now (a spill segment, at a cost proportional to what is new);
-        recording goes on. ``read()`` and ``compare`` find it; ``close()`` writes the final file."""
-        if self._recording is not None:
-            self._recording.claim()  # first: a second live writer of this index records beside it
-            self._recording.flush()
-
-    def close(self):
-        """Write the ledger file, then close the inner env."""
-        try:
-            if self._recording is not None:
-                self._recording.claim()
-                self._warn_if_overwriting()
-                self._recording.close()
-        finally:
-            super().close()
-
+    # ledger_path (``env-N.dup-*.npz`` if another live process records env N), flush() and close():
+    # EnvAdapter's
     # Two LedgerEnvs given the same index write one file, the last one's: say so when it happens.
     def _file_stat(self):
         if storage.is_remote(self.ledger_path):
@@ -336,6 +313,8 @@ class LedgerEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # this recording's own writes (flush() from another thread, a SIGTERM) are not another writer's
         if stat is not None and stat[1] >= self._started_ns and stat != self._recording.written:
             warnings.warn(wording.overwritten_ledger(self.ledger_path, self.index), RuntimeWarning, stacklevel=3)
+
+    _closing = _warn_if_overwriting  # EnvAdapter.close calls it before the recording is closed
 
 
 class _FirstEvent:

@@ -1,20 +1,25 @@
 """The trainer side for Gymnasium: ``LedgerVectorEnv``, innermost around the vector env."""
 
+from __future__ import annotations
+
 import functools
+import os
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from stepledger.format.schema import LINK_ATTR, SETTINGS_KEY
 from stepledger.recording.batches import row as _row
+from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.hooks import attend
 from stepledger.recording.placement import warn_inner_wrappers
-from stepledger.recording.trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
+from stepledger.recording.trainer import NEXT_STEP, SAME_STEP, OnFault, TrainerLedger, check_autoreset_mode
 
 __all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "final_obs_at", "link_envs", "resolve_autoreset_mode"]
 
 
-def final_obs_at(info, i):
+def final_obs_at(info: Any, i: int) -> Any:
     """Env i's final observation under same-step autoreset, or None where it is absent.
 
     ``info["final_obs"][i]`` where the mask ``_final_obs`` says so; also when a
@@ -35,45 +40,33 @@ def final_obs_at(info, i):
 
 
 
-def resolve_autoreset_mode(env, autoreset_mode, owner):
-    """The vector env's autoreset mode; refuses DISABLED and refuses to guess."""
+def resolve_autoreset_mode(env: Any, autoreset_mode: Any, owner: str) -> str:
+    """The vector env's autoreset mode, "next_step" or "same_step": ``autoreset_mode`` where given, else
+    what the vector env declares; refuses DISABLED and refuses to guess (``check_autoreset_mode``)."""
     if autoreset_mode is not None:
-        mode = autoreset_mode_name(autoreset_mode)
-        if mode is None:
-            raise ValueError("%s: autoreset_mode must be 'next_step' or 'same_step' (or an AutoresetMode), "
-                             "got %r" % (owner, autoreset_mode))
-    else:
-        metadata = getattr(env, "metadata", None) or {}
-        declared = metadata.get("autoreset_mode")
-        # Gymnasium's own vector envs, directly or behind wrappers that pass their
-        # metadata through. Gymnasium 1.1 to 1.3 write the mode into the sub-env's
-        # metadata dict, often a class attribute shared with every other vector env
-        # of that env class, so the last one built wins there: their own
-        # autoreset_mode attribute is what they do.
-        base = getattr(env, "unwrapped", env)
-        gymnasium_own = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
-        own = isinstance(base, gymnasium_own) and (base is env or metadata is getattr(base, "metadata", None))
-        if own and (declared is not None or type(base) in gymnasium_own) \
-                and getattr(base, "autoreset_mode", None) is not None:
-            declared = base.autoreset_mode
-        if declared is not None:
-            mode = autoreset_mode_name(declared)
-            if mode is None:
-                raise ValueError("%s: the vector env declares an unknown autoreset_mode %r; "
-                                 "pass autoreset_mode= explicitly" % (owner, declared))
-        elif own and type(base) in gymnasium_own:
-            mode = NEXT_STEP  # Gymnasium 1.0's own vector envs: always the next step
-        else:
-            raise ValueError("%s: cannot tell how %s resets its envs (no metadata['autoreset_mode']); pass "
-                             "autoreset_mode='next_step' or 'same_step' to say so" % (owner, type(env).__name__))
-    if mode == DISABLED:
-        raise ValueError("%s: autoreset mode DISABLED is not supported: the trainer resets envs itself with "
-                         "reset_mask, and a ledger cannot tell which envs it meant to reset from the step's "
-                         "results; use NEXT_STEP or SAME_STEP" % owner)
-    return mode
+        return check_autoreset_mode(autoreset_mode, owner)
+    metadata = getattr(env, "metadata", None) or {}
+    declared = metadata.get("autoreset_mode")
+    # Gymnasium's own vector envs, directly or behind wrappers that pass their
+    # metadata through. Gymnasium 1.1 to 1.3 write the mode into the sub-env's
+    # metadata dict, often a class attribute shared with every other vector env
+    # of that env class, so the last one built wins there: their own
+    # autoreset_mode attribute is what they do.
+    base = getattr(env, "unwrapped", env)
+    gymnasium_own = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
+    own = isinstance(base, gymnasium_own) and (base is env or metadata is getattr(base, "metadata", None))
+    if own and (declared is not None or type(base) in gymnasium_own) \
+            and getattr(base, "autoreset_mode", None) is not None:
+        declared = base.autoreset_mode
+    if declared is not None:
+        return check_autoreset_mode(declared, owner, declared=True)
+    if own and type(base) in gymnasium_own:
+        return NEXT_STEP  # Gymnasium 1.0's own vector envs: always the next step
+    raise ValueError("%s: cannot tell how %s resets its envs (no metadata['autoreset_mode']); pass "
+                     "autoreset_mode='next_step' or 'same_step' to say so" % (owner, type(env).__name__))
 
 
-def link_envs(env, side):
+def link_envs(env: Any, side: TrainerLedger) -> None:
     """Tell each env-side ledger of a Gymnasium vector env the run and its position in it.
 
     Through ``set_attr``, which reaches a ``LedgerEnv`` anywhere in each env's
@@ -89,7 +82,7 @@ def link_envs(env, side):
         pass
 
 
-class LedgerVectorEnv(gym.vector.VectorWrapper):
+class LedgerVectorEnv(TrainerAdapter, gym.vector.VectorWrapper):
     """Records what the trainer sent and received through a Gymnasium vector env.
 
     Place it innermost on the trainer side: directly around SyncVectorEnv,
@@ -141,42 +134,29 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             or ``$STEPLEDGER_FLUSH_INTERVAL``).
     """
 
-    def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
-                 on_fault="raise", keep_tokens=False, check_wrappers=True, flush_interval=None):
+    def __init__(self, env: gym.vector.VectorEnv, path: str | os.PathLike[str] | None,
+                 reward_dtype: Any = np.float32, keep_values: bool = False, autoreset_mode: Any = None,
+                 live: bool = False, on_fault: OnFault = "raise", keep_tokens: bool = False,
+                 check_wrappers: bool = True, flush_interval: float | None = None) -> None:
         super().__init__(env)
         warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
-        self.ledger = TrainerLedger(path, env.num_envs, env.single_observation_space, env.single_action_space,
-                                    autoreset_mode=self.autoreset_mode, reward_dtype=reward_dtype,
-                                    keep_values=keep_values, live=live, on_fault=on_fault, keep_tokens=keep_tokens,
-                                    flush_interval=flush_interval, owner="LedgerVectorEnv")
-        self.ledger.final_obs_name = "info['final_obs'][{i}] (same-step autoreset)"
+        self._open_ledger(env, path, env.num_envs, env.single_observation_space, env.single_action_space,
+                          autoreset_mode=self.autoreset_mode, reward_dtype=reward_dtype, keep_values=keep_values,
+                          live=live, on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
+                          owner="LedgerVectorEnv", final_obs_name="info['final_obs'][{i}] (same-step autoreset)")
         link_envs(env, self.ledger)
-        self.live = bool(live)
         self._same = self.autoreset_mode == SAME_STEP
         self._pending_reset_mask = None  # the mask of a reset started by reset_async
         self._step_results = self.ledger.step_results  # None with a live check or kept values
 
-    @property
-    def ledger_path(self):
-        """Where the trainer ledger is written (None in live-only mode)."""
-        return self.ledger.path
-
-    @property
-    def live_faults(self):
-        """The boundary faults the live check has found so far (BoundaryFault objects)."""
-        return self.ledger.live_faults
-
-    def reset(self, *, seed=None, options=None):
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         mask = self._reset_mask(options)
-        try:
-            obs, info = self.env.reset(seed=seed, options=options)
-        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
-            self.ledger.interrupted()
-            raise
+        obs, info = self._call(self.env.reset, seed=seed, options=options)
         return self._record_reset(obs, info, mask)
 
-    def step(self, actions):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         self.ledger.actions(actions)
         try:
             results = self.env.step(actions)
@@ -196,54 +176,53 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
 
     # The vector env's split calls, where it has them (AsyncVectorEnv): the actions are taken
     # in step_async, before they are sent; the results are recorded in step_wait.
-    def step_async(self, actions):
+    def step_async(self, actions: Any) -> None:
         """Take the actions, then send them (the inner vector env's ``step_async``)."""
         send = self._inner("step_async")
         self.ledger.actions(actions)
         send(actions)
 
-    def step_wait(self, **kwargs):
+    def step_wait(self, **kwargs: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """The results of the actions sent by ``step_async``, recorded (``timeout=`` is passed on)."""
         try:
             results = self._inner("step_wait")(**kwargs)
-        except BaseException:
+        except BaseException:  # a step path: the try in place costs nothing, a call through _call would
             self.ledger.interrupted()
             raise
         return self._recorded(*results)
 
-    def reset_async(self, seed=None, options=None):
+    def reset_async(self, seed: int | list[int | None] | None = None,
+                    options: dict[str, Any] | None = None) -> None:
         """Start a reset (the inner vector env's ``reset_async``); ``reset_wait`` records it."""
         start = self._inner("reset_async")
         mask = self._reset_mask(options)
         start(seed=seed, options=options)
         self._pending_reset_mask = mask
 
-    def reset_wait(self, **kwargs):
+    def reset_wait(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         """The observations of the reset started by ``reset_async``, recorded (``timeout=`` is passed on)."""
-        try:
-            obs, info = self._inner("reset_wait")(**kwargs)
-        except BaseException:
-            self.ledger.interrupted()
-            raise
+        obs, info = self._call(lambda: self._inner("reset_wait")(**kwargs))
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         return self._record_reset(obs, info, mask)
 
     # Calls that do not cross the boundary as events go straight to the vector env.
-    def call(self, name, *args, **kwargs):
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """The inner vector env's ``call``: calls ``name`` on every sub-env."""
         return self._inner("call")(name, *args, **kwargs)
 
-    def call_async(self, name, *args, **kwargs):
+    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """The inner vector env's ``call_async``."""
         return self._inner("call_async")(name, *args, **kwargs)
 
-    def call_wait(self, **kwargs):
+    def call_wait(self, **kwargs: Any) -> tuple[Any, ...]:
+        """The inner vector env's ``call_wait``."""
         return self._inner("call_wait")(**kwargs)
 
-    def get_attr(self, name):
+    def get_attr(self, name: str) -> tuple[Any, ...]:
         """The inner vector env's ``get_attr``: the attribute ``name`` of every sub-env."""
         return self._inner("get_attr")(name)
 
-    def set_attr(self, name, values):
+    def set_attr(self, name: str, values: Any) -> None:
         """The inner vector env's ``set_attr``."""
         return self._inner("set_attr")(name, values)
 
@@ -293,13 +272,4 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
         final = led.tokens(final_info) if isinstance(final_info, dict) else None
         led.check_tokens(top, final, top)
 
-    def flush(self):
-        """Write what is new in the trainer ledger; recording goes on."""
-        self.ledger.flush()
-
-    def close(self, **kwargs):
-        """Write the trainer ledger, then close the vector env."""
-        try:
-            self.ledger.close()
-        finally:
-            self.env.close(**kwargs)
+    # ledger_path, live_faults, set_on_fault, flush() and close(**kwargs): TrainerAdapter's

@@ -1,11 +1,14 @@
 """``check_parallel``: ``check_boundary`` for a PettingZoo parallel env through SuperSuit's vector envs."""
 
+from __future__ import annotations
+
 import os
+from typing import Any, Callable, Hashable, Literal, Sequence
 
 import numpy as np
 
 from stepledger import wording
-from stepledger.faults.check import clean_steps, faults_from, no_opportunity, run_check
+from stepledger.faults.check import CheckReport, clean_steps, faults_from, no_opportunity, run_check
 from stepledger.faults.engine import MULTIAGENT_FAULTS, check_fault, read_record
 from stepledger.pettingzoo.faults import FaultyParallelEnv
 from stepledger.pettingzoo.parallel import LedgerParallelEnv, LedgerSuperSuitVecEnv, index_supersuit_copies
@@ -54,8 +57,11 @@ def supersuit_rollout(env_fn, form, copies, num_cpus, steps, directory, fault=No
     return compare(directory, trainer_file), injected
 
 
-def check_parallel(env_fn, form="gymnasium", copies=2, num_cpus=0, steps=100, faults=None, agent=None, at=2,
-                   target=None, seed=0, directory=None, keep=False, progress=None):
+def check_parallel(env_fn: Callable[[], Any], form: Literal["gymnasium", "sb3"] = "gymnasium", copies: int = 2,
+                   num_cpus: int = 0, steps: int = 100, faults: Sequence[str] | None = None,
+                   agent: Hashable | None = None, at: int = 2, target: int | None = None, seed: int = 0,
+                   directory: str | os.PathLike[str] | None = None, keep: bool = False,
+                   progress: Any = None) -> CheckReport:
     """``check_boundary`` for a PettingZoo parallel env through SuperSuit's vector envs.
 
     Each fault of ``faults`` (default: every one of ``faults.MULTIAGENT_FAULTS`` the form can show) is

@@ -16,9 +16,12 @@ with its first observation, recorded as a reset. The ledger file is
 ``directory/env-{index}.npz``, with ``possible_agents`` in its meta.
 """
 
+from __future__ import annotations
+
 import os
 import warnings
 import weakref
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
@@ -33,6 +36,7 @@ from stepledger import core
 from stepledger.format import storage
 from stepledger import wording
 from stepledger.errors import LedgerError
+from stepledger.recording.adapters import EnvAdapter, TrainerAdapter
 from stepledger.recording.live import settings_message
 from stepledger.recording.checks import check_directory, check_path, check_reward_dtype
 from stepledger.recording.checks import flush_interval as resolve_flush_interval
@@ -40,18 +44,18 @@ from stepledger.recording.hooks import attend
 from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 from stepledger.recording.placement import own_attr, slot_infos
-from stepledger.recording.trainer import SAME_STEP, TrainerLedger, WritesTrainerLedger
+from stepledger.recording.trainer import SAME_STEP, OnFault
 
 __all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
 
 
-def agent_streams(index, possible_agents):
+def agent_streams(index: int, possible_agents: Sequence[Hashable]) -> dict[Hashable, int]:
     """{agent: stream id} of env copy ``index``: SuperSuit's vector slot of each agent."""
     n = len(possible_agents)
     return {agent: index * n + k for k, agent in enumerate(possible_agents)}
 
 
-def slot_map(possible_agents, slots):
+def slot_map(possible_agents: Sequence[Hashable], slots: Sequence[tuple[int, Hashable]]) -> list[int]:
     """The env stream each vector slot carries, for a vectoriser that orders (env copy, agent) pairs its own way.
 
     ``slots`` lists, slot by slot, the (env copy, agent) pair the slot
@@ -72,10 +76,11 @@ def slot_map(possible_agents, slots):
     if not n:
         refuse("possible_agents is empty")
     try:
-        pairs = [tuple(p) for p in slots]
+        pairs: list[tuple[Any, ...]] = [tuple(p) for p in slots]
     except TypeError:
         refuse("give one (env copy, agent) pair per slot")
-    streams, where = [], {}
+    streams: list[int] = []
+    where: dict[int, int] = {}
     for i, pair in enumerate(pairs):
         if len(pair) != 2:
             refuse("slot %d is %r, not an (env copy, agent) pair" % (i, pair))
@@ -112,10 +117,10 @@ def _one_space(env, kind, agents):
 
 # (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
 # (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
-_COPIES = []
+_COPIES: list[tuple[int, weakref.ref[LedgerParallelEnv]]] = []
 
 
-class LedgerParallelEnv(BaseParallelWrapper):
+class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
     """Records what each agent of a PettingZoo parallel env took and gave.
 
     Example::
@@ -143,8 +148,9 @@ class LedgerParallelEnv(BaseParallelWrapper):
             with the settings and ``possible_agents``.
     """
 
-    def __init__(self, env, directory, index=None, reward_dtype=np.float32, keep_values=False, flush_interval=None,
-                 live=False):
+    def __init__(self, env: Any, directory: str | os.PathLike[str], index: int | None = None,
+                 reward_dtype: Any = np.float32, keep_values: bool = False, flush_interval: float | None = None,
+                 live: bool = False) -> None:
         super().__init__(env)
         agents = list(getattr(env, "possible_agents", None) or [])
         if not agents:
@@ -164,12 +170,12 @@ class LedgerParallelEnv(BaseParallelWrapper):
         self._directory = directory
         self._keep_values = bool(keep_values)
         self._recording = None
-        self._recorders = None  # {agent: core.EventRecorder}
-        self._in_play = set()   # agents whose episode is under way (reset and not ended)
+        self._recorders: dict[Any, Any] | None = None  # {agent: core.EventRecorder}
+        self._in_play: set[Any] = set()  # agents whose episode is under way (reset and not ended)
         self.live = bool(live)
-        self._streams = None    # {agent: stream id}, once indexed
-        self._unsent = set()    # with live: agents whose first token (it carries the settings) is still to go
-        self.index = None
+        self._streams: dict[Any, int] | None = None  # {agent: stream id}, once indexed
+        self._unsent: set[Any] = set()  # with live: agents whose first token (it carries the settings) is still to go
+        self.index: int | None = None
         if index is not None:
             self.set_index(index)
 
@@ -180,7 +186,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
 
     # ------------------------------------------------------------------ the index
 
-    def set_index(self, index):
+    def set_index(self, index: int) -> None:
         """Give this env copy its index (its position in the trainer's vector env), before its first reset."""
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
             raise ValueError("LedgerParallelEnv: index must be a non-negative integer, got %r" % (index,))
@@ -188,7 +194,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
         if self._recording is not None:
             if index == self.index:
                 return
-            raise LedgerError("LedgerParallelEnv: this env copy is index %d already; it cannot become %d"
+            raise LedgerError("LedgerParallelEnv: this env copy is index %s already; it cannot become %d"
                               % (self.index, index))
         path = storage.join(self._directory, "env-%d.npz" % index)
         streams = agent_streams(index, self._agents)
@@ -206,11 +212,6 @@ class LedgerParallelEnv(BaseParallelWrapper):
             self._unsent = set(self._agents)
         self.index = index
 
-    @property
-    def ledger_path(self):
-        """Where the ledger is written (None until the index is given)."""
-        return None if self._recording is None else self._recording.path
-
     def _recorder(self):
         if self._recorders is None:
             raise LedgerError("LedgerParallelEnv: no index: give index= or call set_index(i) before the first "
@@ -219,22 +220,20 @@ class LedgerParallelEnv(BaseParallelWrapper):
 
     # ------------------------------------------------------------------ events
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[dict[Any, Any], dict[Any, dict[str, Any]]]:
         recorders = self._recorder()
-        try:
-            obs, infos = self.env.reset(seed=seed, options=options)
-        except BaseException:
-            self._recording.interrupted = True
-            raise
+        obs, infos = self._call(self.env.reset, seed=seed, options=options)
         self._in_play = set()
-        entered = []
+        entered: list[Any] = []
         if self._enter(recorders, obs, (), entered):
             attend()
         if self.live:
             infos = self._with_tokens(infos, (), entered)
         return obs, infos
 
-    def step(self, actions):
+    def step(self, actions: dict[Any, Any]) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, bool],
+                                                     dict[Any, bool], dict[Any, dict[str, Any]]]:
         recorders = self._recorder()
         # Each agent's action is noted as sent, before the env (which may change arrays in place) sees it.
         acting = []
@@ -245,8 +244,8 @@ class LedgerParallelEnv(BaseParallelWrapper):
                 acting.append(agent)
         try:
             obs, rewards, terminations, truncations, infos = self.env.step(actions)
-        except BaseException:
-            self._recording.interrupted = True
+        except BaseException:  # Ctrl-C or an error inside the env: the run did not end cleanly
+            self._interrupted()
             raise
         over = False
         for agent in acting:
@@ -254,7 +253,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
             over |= recorders[agent].step_taken(obs.get(agent), rewards.get(agent, 0.0), te, tr)
             if te or tr:
                 self._in_play.discard(agent)
-        entered = [] if self.live else None
+        entered: list[Any] | None = [] if self.live else None
         over |= self._enter(recorders, obs, acting, entered)  # an agent that joined: its first observation
         if over:
             attend()
@@ -298,20 +297,7 @@ class LedgerParallelEnv(BaseParallelWrapper):
                 entered.append(agent)
         return over
 
-    # ------------------------------------------------------------------ writing
-
-    def flush(self):
-        """Write what is new in the ledger (a spill segment); recording goes on."""
-        if self._recording is not None:
-            self._recording.flush()
-
-    def close(self):
-        """Write the ledger file, then close the env."""
-        try:
-            if self._recording is not None:
-                self._recording.close()
-        finally:
-            self.env.close()
+    # ledger_path, flush() and close(): EnvAdapter's
 
 
 def _supersuit_inner(venv):
@@ -335,7 +321,7 @@ def _ledger_in(par_env):
     return env
 
 
-def index_supersuit_copies(venv, strict=True):
+def index_supersuit_copies(venv: Any, strict: bool = True) -> int:
     """Give each env copy of a SuperSuit vector env its index: copy c's LedgerParallelEnv gets c.
 
     ``concat_vec_envs_v1`` builds every copy from one env (a pickled copy of
@@ -408,7 +394,7 @@ class _WorkerIndices:
 _TERMINAL_OBS = "terminal_observation"
 
 
-class LedgerSuperSuitVecEnv(WritesTrainerLedger):
+class LedgerSuperSuitVecEnv(TrainerAdapter):
     """The trainer side of SuperSuit's Gymnasium form (``concat_vec_envs_v1(..., base_class="gymnasium")``).
 
     That vector env is not a Gymnasium 1.x vector env: its infos are a list
@@ -434,35 +420,28 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
     agent) map, ``slot_map``) as there.
     """
 
-    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, flush_interval=None, live=False,
-                 on_fault="raise", keep_tokens=False, streams=None):
+    def __init__(self, venv: Any, path: str | os.PathLike[str] | None, reward_dtype: Any = np.float32,
+                 keep_values: bool = False, flush_interval: float | None = None, live: bool = False,
+                 on_fault: OnFault = "raise", keep_tokens: bool = False, streams: Sequence[int] | None = None) -> None:
         self.venv = venv
         try:
             index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
         except LedgerError:
             pass  # not one of SuperSuit's vector envs: nothing to give
-        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
-                                    autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values,
-                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
-                                    flush_interval=flush_interval, streams=streams, owner="LedgerSuperSuitVecEnv")
-        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
-        self.live = bool(live)
+        self._open_ledger(venv, path, venv.num_envs, venv.observation_space, venv.action_space,
+                          autoreset_mode=SAME_STEP, reward_dtype=reward_dtype, keep_values=keep_values, live=live,
+                          on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
+                          streams=streams, owner="LedgerSuperSuitVecEnv",
+                          final_obs_name="infos[{i}]['%s']" % _TERMINAL_OBS)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("venv", "ledger"):
             raise AttributeError(name)
         return getattr(self.venv, name)
 
-    @property
-    def ledger_path(self):
-        return self.ledger.path
-
-    def reset(self, seed=None, options=None):
-        try:
-            obs, infos = self.venv.reset(seed=seed, options=options)
-        except BaseException:
-            self.ledger.interrupted()
-            raise
+    def reset(self, seed: int | list[int] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+        obs, infos = self._call(self.venv.reset, seed=seed, options=options)
         led = self.ledger
         led.reset(obs)
         if self.live:
@@ -471,17 +450,12 @@ class LedgerSuperSuitVecEnv(WritesTrainerLedger):
             led.check_tokens(led.tokens(slots, S.RESET_TOKEN_KEY))
         return obs, infos
 
-    @property
-    def live_faults(self):
-        """The boundary faults the live check has found so far (BoundaryFault objects)."""
-        return self.ledger.live_faults
-
-    def step(self, actions):
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, list[dict[str, Any]]]:
         led = self.ledger
         led.actions(actions)
         try:
             obs, rewards, terminations, truncations, infos = self.venv.step(actions)
-        except BaseException:
+        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
             led.interrupted()
             raise
         led.step(obs, rewards, terminations, truncations,

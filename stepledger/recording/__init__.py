@@ -5,7 +5,8 @@ place (``stepledger.format.place``: a local path or a URL, one interface); ``hoo
 it through signals, exits and forks, and ``attend()``, which the wrappers call when a spill is due;
 ``spiller`` the open recordings of the process and the thread that spills the idle ones; ``values`` the kept
 values; ``checks`` the checks of a ledger's arguments; ``trainer`` the trainer-side engine (``TrainerLedger``),
-which every library's trainer-side adapter drives; ``live`` the live check's tokens; ``placement`` the
+which every library's trainer-side adapter drives; ``adapters`` what every adapter shares (``EnvAdapter``,
+``TrainerAdapter``: ledger_path, live_faults, flush, close, the interrupted mark); ``live`` the live check's tokens; ``placement`` the
 warnings about where a ledger sits among wrappers; ``batches`` the rows of a vector env's batch.
 """
 

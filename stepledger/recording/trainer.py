@@ -19,26 +19,35 @@ mirror in ``_fallback.py``); this module adds kept values, the live check,
 the missing-final-observation warning, token removal, flush and close.
 """
 
+from __future__ import annotations
+
+import os
 import warnings
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
 from stepledger.format import schema as S
 from stepledger import core
-from stepledger.recording.live import LiveCheck, check_on_fault, settings_of
+from stepledger.recording.live import BoundaryFault, LiveCheck, check_on_fault, settings_of
 from stepledger.recording.checks import check_path, check_reward_dtype
 from stepledger.recording.checks import flush_interval as _flush_interval
 from stepledger.recording.hooks import attend
 from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 
-__all__ = ["NEXT_STEP", "SAME_STEP", "TrainerLedger", "WritesTrainerLedger", "autoreset_mode_name"]
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+__all__ = ["NEXT_STEP", "SAME_STEP", "TrainerLedger", "autoreset_mode_name", "check_autoreset_mode"]
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
+# what a live mismatch does: "raise", "warn", "record", or a callable that receives the BoundaryFault
+OnFault = Union[str, Callable[[BoundaryFault], object]]
 DONE_FLAGS = "done_flags"  # the meta's name for SB3's convention (done flags, terminal obs in the infos)
 
 
-def autoreset_mode_name(mode):
+def autoreset_mode_name(mode: Any) -> str | None:
     """'next_step', 'same_step' or 'disabled' for an AutoresetMode, its value ('NextStep') or a name; else None."""
     value = getattr(mode, "value", mode)
     if not isinstance(value, str):
@@ -61,11 +70,15 @@ def _check_streams(streams, n, owner):
     return None if ids == list(range(n)) else ids
 
 
-def _check_mode(autoreset_mode, owner):
-    if autoreset_mode is None or autoreset_mode == DONE_FLAGS:
-        return autoreset_mode
+def check_autoreset_mode(autoreset_mode: Any, owner: str, *, declared: bool = False) -> str:
+    """'next_step' or 'same_step' for an autoreset mode (an AutoresetMode, its value or a name), refusing
+    DISABLED and modes it does not know with a one-line ValueError that names ``owner``. ``declared``: the
+    mode is what a vector env declares (its metadata), not an argument; the message says so."""
     mode = autoreset_mode_name(autoreset_mode)
     if mode is None:
+        if declared:
+            raise ValueError("%s: the vector env declares an unknown autoreset_mode %r; "
+                             "pass autoreset_mode= explicitly" % (owner, autoreset_mode))
         raise ValueError("%s: autoreset_mode must be 'next_step' or 'same_step' (or an AutoresetMode), got %r"
                          % (owner, autoreset_mode))
     if mode == DISABLED:
@@ -73,6 +86,12 @@ def _check_mode(autoreset_mode, owner):
                          "reset_mask, and a ledger cannot tell which envs it meant to reset from the step's "
                          "results; use NEXT_STEP or SAME_STEP" % owner)
     return mode
+
+
+def _check_mode(autoreset_mode, owner):
+    if autoreset_mode is None or autoreset_mode == DONE_FLAGS:
+        return autoreset_mode
+    return check_autoreset_mode(autoreset_mode, owner)
 
 
 class TrainerLedger:
@@ -137,11 +156,16 @@ class TrainerLedger:
             a multi-agent vector env's (env copy, agent) map
             (``stepledger.pettingzoo.slot_map``).
         owner: the name used in messages (an adapter passes its own).
+        final_obs_name: where a final observation is looked for, for the warning when one is missing
+            (``"{i}"``: the env); an adapter passes its library's (``"infos[{i}]['terminal_observation']"``).
     """
 
-    def __init__(self, path, num_envs, observation_space, action_space, *, autoreset_mode=None,
-                 reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise", keep_tokens=False,
-                 flush_interval=None, streams=None, owner="TrainerLedger"):
+    def __init__(self, path: str | os.PathLike[str] | None, num_envs: int,
+                 observation_space: gym.spaces.Space[Any], action_space: gym.spaces.Space[Any], *,
+                 autoreset_mode: Any = None, reward_dtype: Any = np.float32, keep_values: bool = False,
+                 live: bool = False, on_fault: OnFault = "raise", keep_tokens: bool = False,
+                 flush_interval: float | None = None, streams: Sequence[int] | None = None,
+                 owner: str = "TrainerLedger", final_obs_name: str = "its final observation") -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError("%s: num_envs must be a positive integer, got %r" % (owner, num_envs))
         self.owner = owner
@@ -173,22 +197,23 @@ class TrainerLedger:
         self._pop_tokens = not keep_tokens
         self._kept_actions, self._was_pending = None, None  # with keep_values: the actions under way
         self._warned_missing = False
-        self.ended = []  # the envs whose episode ended at the latest same-step call of step or step_dones
-        self.final_obs_name = "its final observation"  # where it was looked for, for the warning ("{i}": env)
+        self.ended: list[int] = []  # the envs whose episode ended at the latest same-step call of step or step_dones
+        self.final_obs_name = final_obs_name  # where it was looked for, for the warning ("{i}": env)
         # ``step_results(results)``: a vector env's whole step, the (obs, rewards, terminated, truncated,
         # info) it returned, recorded by the core in one call where nothing else is to be done with it (no
         # kept values, no live check, a file). It returns False, or True when the recordings want attention
         # (``attend()``); under same-step autoreset None when an env's episode ended, with nothing recorded
         # (its final observation is needed: ``step``). None where it does not apply.
-        self.step_results = None
+        self.step_results: Callable[[Any], bool | None] | None = None
         if not self.keep_values:
-            # The hot path: the core's own methods, no Python frame in between.
-            self.actions = rec.actions
-            self.actions_per_env = rec.actions_per_env
+            # The hot path: the core's own methods, no Python frame in between (instance attributes that
+            # stand in for the methods below, with their signatures).
+            self.actions = rec.actions  # type: ignore[method-assign]
+            self.actions_per_env = rec.actions_per_env  # type: ignore[method-assign]
             if self.autoreset_mode == NEXT_STEP:
-                self.step = self._step_next_plain
+                self.step = self._step_next_plain  # type: ignore[method-assign]
             elif self.autoreset_mode == SAME_STEP:
-                self.step = self._step_same_plain
+                self.step = self._step_same_plain  # type: ignore[method-assign]
             if not live and self.recording is not None:
                 self.step_results = {NEXT_STEP: rec.step_next_results,
                                      SAME_STEP: rec.step_same_results}.get(self.autoreset_mode)
@@ -196,38 +221,38 @@ class TrainerLedger:
     # ------------------------------------------------------------------ identity
 
     @property
-    def path(self):
+    def path(self) -> str | None:
         """Where the trainer ledger is written (None in live-only mode)."""
         return None if self.recording is None else self.recording.path
 
     @property
-    def run(self):
+    def run(self) -> str | None:
         """The run's identity (written in the meta of every ledger of the run), or None."""
         return None if self.recording is None else self.recording.run
 
-    def links(self):
+    def links(self) -> list[tuple[str | None, int]]:
         """What each env-side ledger is told (``LedgerEnv.stepledger_link``): (run, its position)."""
         return [(self.run, i) for i in range(self.num_envs)]
 
     # ------------------------------------------------------------------ vector steps
 
-    def reset(self, obs, mask=None):
+    def reset(self, obs: Any, mask: Any = None) -> None:
         """Record a reset of every env (or of those where ``mask`` is true) that returned ``obs``."""
         over = self._rec.reset(obs, mask)
         if self.keep_values:
             rows = self.obs_layout.cast_each(obs, self.num_envs)
-            for i, store in enumerate(self.recording.values):
+            for i, store in enumerate(self.recording.values):  # type: ignore[union-attr]  # kept: a file
                 if mask is None or mask[i]:
                     over |= store.append(rows[i], None)
         self._after(over)
 
-    def actions(self, actions):
+    def actions(self, actions: Any) -> None:
         """Note the actions about to be sent, in a vector env's batch layout, before they are sent."""
         rec = self._rec
         rec.actions(actions)
         self._keep_actions(self.act_layout.cast_each(actions, self.num_envs))
 
-    def actions_per_env(self, actions):
+    def actions_per_env(self, actions: Any) -> None:
         """Note the actions about to be sent, given one value per env (env i is sent ``actions[i]``)."""
         self._rec.actions_per_env(actions)
         self._keep_actions(self.act_layout.cast_per_env(actions, self.num_envs))
@@ -237,7 +262,8 @@ class TrainerLedger:
         self._kept_actions = [None if leaves is None else [np.array(a, copy=True) for a in leaves]
                               for leaves in rows]
 
-    def step(self, obs, rewards, terminated, truncated, final_obs=None, final_mask=None):
+    def step(self, obs: Any, rewards: Any, terminated: Any, truncated: Any, final_obs: Any = None,
+             final_mask: Any = None) -> None:
         """Record a vector step under the declared autoreset mode.
 
         Under "same_step", ``final_obs[i]`` (or ``final_obs(i)`` if it is a
@@ -282,8 +308,8 @@ class TrainerLedger:
         return {i: (self._final_digest(_at(final_obs, final_mask, i), i), bool(terminated[i]), bool(truncated[i]))
                 for i in ended}
 
-    def step_dones(self, obs, rewards, dones, infos, final_key="terminal_observation",
-                   truncated_key="TimeLimit.truncated"):
+    def step_dones(self, obs: Any, rewards: Any, dones: Any, infos: Sequence[Mapping[str, Any]],
+                   final_key: str = "terminal_observation", truncated_key: str = "TimeLimit.truncated") -> None:
         """Record a vector step where each env is reset within its ending step and the end is told by
         done flags: a done env's final observation is ``infos[i][final_key]``, and the episode was
         truncated where ``infos[i][truncated_key]`` is true, terminated otherwise (SB3's VecEnv)."""
@@ -310,14 +336,14 @@ class TrainerLedger:
 
     # ------------------------------------------------------------------ per-env events
 
-    def env_reset(self, i, obs):
+    def env_reset(self, i: int, obs: Any) -> None:
         """Record that env ``i`` was reset and returned ``obs``."""
         over = self._rec.env_reset(i, obs)
         if self.keep_values:
-            over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)
+            over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
         self._after(over)
 
-    def env_steps(self, i, actions, obs, rewards, terminated, truncated):
+    def env_steps(self, i: int, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
         """Record m steps of env ``i``: the actions sent and the observations, rewards and end flags
         received, each batched over the m steps (a leading axis of m)."""
         over = self._rec.env_steps(i, actions, obs, rewards, terminated, truncated)
@@ -325,12 +351,12 @@ class TrainerLedger:
             m = len(np.asarray(rewards).reshape(-1))
             arows = self.act_layout.cast_each(actions, m)
             orows = self.obs_layout.cast_each(obs, m)
-            store = self.recording.values[i]
+            store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
             for k in range(m):
                 over |= store.append(orows[k], arows[k])
         self._after(over)
 
-    def set_fragments(self, fragments):
+    def set_fragments(self, fragments: Mapping[int, Sequence[tuple[int, int]]]) -> None:
         """For a recorder that sees slices of its envs' streams, as each of several learners does:
         ``fragments[i]`` is a list of (offset, row) pairs, each saying that stream i's events from its row
         ``row`` on are the env's events from ``offset`` on (an event's place in the env's whole stream, as
@@ -343,21 +369,21 @@ class TrainerLedger:
     # ------------------------------------------------------------------ the live check
 
     @property
-    def live_faults(self):
+    def live_faults(self) -> list[BoundaryFault]:
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
         return self._live.faults if self._live is not None else []
 
     @property
-    def live_later(self):
+    def live_later(self) -> dict[int, Any]:
         """Per env (slot) that had a live fault, the mismatches after it: they follow from it, not delivered."""
         return dict(self._live.later) if self._live is not None else {}
 
-    def set_on_fault(self, on_fault):
+    def set_on_fault(self, on_fault: OnFault) -> None:
         """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
         if self._live is not None:
             self._live.on_fault = check_on_fault(on_fault, self.owner)
 
-    def tokens(self, infos, key=S.TOKEN_KEY):
+    def tokens(self, infos: Any, key: str = S.TOKEN_KEY) -> Any:
         """Each env's value under ``key`` (a live token, or the settings), removed unless keep_tokens.
 
         ``infos`` is a vector env's info dict (``infos[key][i]``, with its
@@ -373,12 +399,12 @@ class TrainerLedger:
             return None
         return self._rec.tokens(infos, key, self._pop_tokens)
 
-    def check_settings(self, values):
+    def check_settings(self, values: Any) -> None:
         """Refuse (SettingsError) an env side whose settings (``tokens(infos, SETTINGS_KEY)``) differ."""
         if self._live is not None:
             self._live.check_settings(values)
 
-    def check_tokens(self, single, first=None, second=None):
+    def check_tokens(self, single: Any, first: Any = None, second: Any = None) -> None:
         """Check the latest call's events against the tokens that came with them: an env with one
         event takes ``single[i]``; an env with two (a step, then a reset) ``first[i]`` and ``second[i]``."""
         if self._live is not None:
@@ -393,17 +419,17 @@ class TrainerLedger:
         elif over:
             attend()
 
-    def interrupted(self):
+    def interrupted(self) -> None:
         """An exception escaped the trainer's step or reset: the run did not end cleanly."""
         if self.recording is not None:
             self.recording.interrupted = True
 
-    def flush(self):
+    def flush(self) -> None:
         """Write what is new since the last write (a spill segment, at a cost proportional to it)."""
         if self.recording is not None:
             self.recording.flush()
 
-    def close(self):
+    def close(self) -> None:
         """Write the trainer ledger and free its memory; recording ends."""
         if self.recording is not None:
             self.recording.close()
@@ -433,22 +459,6 @@ class TrainerLedger:
         return over
 
 
-class WritesTrainerLedger:
-    """``flush()`` and ``close()`` of an adapter that holds a TrainerLedger (``self.ledger``) around a
-    vector env (``self.venv``): the ledger is written, then the vector env closed."""
-
-    def flush(self):
-        """Write what is new in the trainer ledger; recording goes on."""
-        self.ledger.flush()
-
-    def close(self):
-        """Write the trainer ledger, then close the vector env."""
-        try:
-            self.ledger.close()
-        finally:
-            self.venv.close()
-
-
 class _InfoColumn:
     """``infos[i][key]`` for each env i (None where absent): a column of per-env info dicts."""
     __slots__ = ("infos", "key")
@@ -461,7 +471,7 @@ class _InfoColumn:
         return info.get(self.key) if isinstance(info, dict) else None
 
 
-_NO_FINALS = {}  # no episode ended at this step (never written to)
+_NO_FINALS: dict[int, Any] = {}  # no episode ended at this step (never written to)
 
 
 def _at(values, mask, i):

@@ -1,9 +1,12 @@
 """``check_rllib``: the check's fault matrix on short RLlib PPO runs (``stepledger check --trainer rllib``)."""
 
+from __future__ import annotations
+
 import os
+from typing import Any, Sequence
 
 
-from stepledger.faults.check import clean_steps, faults_from, no_opportunity, run_check
+from stepledger.faults.check import CheckReport, clean_steps, faults_from, no_opportunity, run_check
 from stepledger.faults.engine import ENV_SIDE_FAULTS, check_fault, read_record
 from stepledger.format import storage
 from stepledger.report.compare import compare
@@ -23,8 +26,11 @@ def _ppo_config(env_id, max_episode_steps, runners, envs, batch, seed):
             .debugging(seed=seed, log_level="ERROR"))
 
 
-def check_rllib(env_id, faults=ENV_SIDE_FAULTS, runners=2, envs=2, iterations=1, batch=400, at=5, target=None,
-                max_episode_steps=20, place="wrapper", seed=0, directory=None, keep=False, progress=None):
+def check_rllib(env_id: str, faults: Sequence[str] = ENV_SIDE_FAULTS, runners: int = 2, envs: int = 2,
+                iterations: int = 1, batch: int = 400, at: int = 5, target: int | None = None,
+                max_episode_steps: int | None = 20, place: str = "wrapper", seed: int = 0,
+                directory: str | os.PathLike[str] | None = None, keep: bool = False,
+                progress: Any = None) -> CheckReport:
     """``check_boundary`` on RLlib: short PPO runs of ``env_id`` (one clean, one per fault) on env runners with
     both ledgers in, each fault injected by ``inject`` at env ``target`` (default: the last one); returns a
     ``stepledger.check.CheckReport``. Starts a local Ray (``ray.init()``) unless one is running, and shuts

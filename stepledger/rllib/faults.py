@@ -2,14 +2,20 @@
 env runners (``place="wrapper"``) or by an env-to-module connector piece (``place="connector"``), over the
 library-free ``stepledger.faults.FaultEngine``."""
 
+from __future__ import annotations
+
 import functools
 import os
+from typing import TYPE_CHECKING, Literal
 
 
 from stepledger.errors import SettingsError
 from stepledger.faults.engine import ENV_SIDE_FAULTS, FaultEngine, check_fault
 from stepledger.format import storage
 from stepledger.rllib.instrument import TAG, creator_of
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 PLACES = ("wrapper", "connector")
 CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious")
@@ -59,7 +65,9 @@ def _faulty_connector_class():
     return FaultyEnvToModule
 
 
-def inject(config, fault, *, env=0, at=10, record=None, place="wrapper"):
+def inject(config: AlgorithmConfig, fault: str, *, env: int = 0, at: int = 10,
+           record: str | os.PathLike[str] | None = None,
+           place: Literal["wrapper", "connector"] = "wrapper") -> AlgorithmConfig:
     """Put one boundary fault into an instrumented RLlib config, to prove that its ledgers catch it.
 
     Args:

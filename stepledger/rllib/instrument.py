@@ -41,10 +41,13 @@ Where each side is recorded (the new API stack: env runners, episodes, learners)
   of the runner it replaces; the old runner's ledgers end where it died.
 """
 
+from __future__ import annotations
+
 import functools
 import os
 import uuid
 import warnings
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +57,11 @@ from stepledger.gymnasium.env import LedgerEnv
 from stepledger.errors import SettingsError
 from stepledger.gymnasium.faults import FaultyEnv
 from stepledger.recording.hooks import attend
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+Placement = Literal["auto", "learner", "runner"]
 
 TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
 TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger, with one learner
@@ -241,7 +249,8 @@ def env_actions(actions, action_space, config):
     """The actions the env runner sent for the policy's ``actions``, as its NormalizeAndClipActions made them."""
     if not getattr(config, "add_default_connectors_to_module_to_env_pipeline", True):
         return actions
-    from ray.rllib.utils.spaces.space_utils import clip_action, get_base_struct_from_space, unsquash_action
+    from ray.rllib.utils.spaces.space_utils import (
+        clip_action, get_base_struct_from_space, unsquash_action)
     struct = get_base_struct_from_space(action_space)
     if config.normalize_actions:
         return unsquash_action(actions, struct)
@@ -554,8 +563,9 @@ def _append(existing, fn):
     return [existing, fn]
 
 
-def instrument(config, path, *, placement="auto", reward_dtype=np.float32, keep_values=False,
-               flush_interval=None):
+def instrument(config: AlgorithmConfig, path: str | os.PathLike[str], *, placement: Placement = "auto",
+               reward_dtype: Any = np.float32, keep_values: bool = False,
+               flush_interval: float | None = None) -> AlgorithmConfig:
     """Record both sides of an RLlib run into ``path`` (a directory or an fsspec URL); returns the config.
 
     The user's env, callbacks, connectors and learner keep working as they

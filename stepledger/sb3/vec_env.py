@@ -3,11 +3,17 @@
 Needs the ``[sb3]`` extra: ``pip install "plugrl-stepledger[sb3]"``.
 """
 
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
 import numpy as np
 
 try:
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecEnvWrapper
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
     raise ImportError("stepledger.sb3 needs stable-baselines3: pip install \"plugrl-stepledger[sb3]\" "
                       "(or pip install stable-baselines3)") from exc
@@ -15,7 +21,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 from stepledger.format.schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
 from stepledger.recording.live import BoundaryFault
 from stepledger.recording.placement import slot_infos, warn_inner_wrappers
-from stepledger.recording.trainer import DONE_FLAGS, TrainerLedger, WritesTrainerLedger
+from stepledger.recording.adapters import TrainerAdapter
+from stepledger.recording.trainer import DONE_FLAGS, OnFault
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
 
@@ -23,7 +30,7 @@ _TIME_LIMIT = "TimeLimit.truncated"
 _TERMINAL_OBS = "terminal_observation"
 
 
-class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
+class LedgerVecEnv(TrainerAdapter, VecEnvWrapper):
     """Records what an SB3 trainer sent and received through a VecEnv.
 
     Place it innermost: directly around SubprocVecEnv or DummyVecEnv, inside
@@ -51,24 +58,19 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         vector envs of a PettingZoo env, the (env copy, agent) map ``stepledger.pettingzoo.slot_map`` gives.
     """
 
-    def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
-                 keep_tokens=False, check_wrappers=True, flush_interval=None, streams=None):
+    def __init__(self, venv: VecEnv, path: str | os.PathLike[str] | None, reward_dtype: Any = np.float32,
+                 keep_values: bool = False, live: bool = False, on_fault: OnFault = "raise",
+                 keep_tokens: bool = False, check_wrappers: bool = True, flush_interval: float | None = None,
+                 streams: Sequence[int] | None = None) -> None:
         super().__init__(venv)
         warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
-        self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
-                                    autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values,
-                                    live=live, on_fault=on_fault, keep_tokens=keep_tokens,
-                                    flush_interval=flush_interval, streams=streams, owner="LedgerVecEnv")
-        self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
+        self._open_ledger(venv, path, venv.num_envs, venv.observation_space, venv.action_space,
+                          autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values, live=live,
+                          on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
+                          streams=streams, owner="LedgerVecEnv", final_obs_name="infos[{i}]['%s']" % _TERMINAL_OBS)
         self._link_envs()
-        self.live = bool(live)
 
-    @property
-    def ledger_path(self):
-        """Where the trainer ledger is written (None in live-only mode)."""
-        return self.ledger.path
-
-    def _link_envs(self):
+    def _link_envs(self) -> None:
         """Tell each env-side ledger the run and its position (see vector.link_envs), one env at a time:
         SB3's set_attr gives every env the same value, so this goes through each env's set_wrapper_attr."""
         if self.ledger.run is None or type(self.venv) not in (DummyVecEnv, SubprocVecEnv):
@@ -79,15 +81,6 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         except Exception:
             pass
 
-    @property
-    def live_faults(self):
-        """The boundary faults the live check has found so far (BoundaryFault objects)."""
-        return self.ledger.live_faults
-
-    def set_on_fault(self, on_fault):
-        """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
-        self.ledger.set_on_fault(on_fault)
-
     def _inner_reset_infos(self):
         # the innermost VecEnv fills reset_infos; wrappers in between keep lists of their own (SuperSuit's
         # SB3 wrapper fills its own: what it wraps is no SB3 VecEnv)
@@ -95,20 +88,16 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         return self.venv.reset_infos if infos is None else infos
 
     @property
-    def reset_infos(self):
+    def reset_infos(self) -> list[dict[str, Any]]:
         """The inner VecEnv's reset infos: SB3's VecEnvWrapper keeps its own empty list instead."""
         return self.venv.reset_infos
 
     @reset_infos.setter
-    def reset_infos(self, value):
+    def reset_infos(self, value: list[dict[str, Any]]) -> None:
         pass  # VecEnv.__init__ assigns an empty list; the inner VecEnv's list is the one it fills
 
-    def reset(self):
-        try:
-            obs = self.venv.reset()
-        except BaseException:  # Ctrl-C or an error: the run did not end cleanly
-            self.ledger.interrupted()
-            raise
+    def reset(self) -> VecEnvObs:
+        obs = self._call(self.venv.reset)
         led = self.ledger
         led.reset(obs)
         if self.live:
@@ -119,13 +108,13 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
             led.check_tokens(tokens if any(tokens) else led.tokens(infos))
         return obs
 
-    def step_async(self, actions):
+    def step_async(self, actions: np.ndarray) -> None:
         # SB3's VecEnvs send env i actions[i]: a row of an array, or the i-th dict or
         # tuple of a list. Each is digested as its env will receive it, before it is sent.
         self.ledger.actions_per_env(actions)
         self.venv.step_async(actions)
 
-    def step_wait(self):
+    def step_wait(self) -> VecEnvStepReturn:
         try:
             obs, rewards, dones, infos = self.venv.step_wait()
         except BaseException:  # Ctrl-C or an error: the run did not end cleanly
@@ -164,13 +153,13 @@ class StopOnBoundaryFault(BaseCallback):
             print(stop.fault)  # env 2, episode 14, step 101: reward differs (...)
     """
 
-    def __init__(self, verbose=0):
+    def __init__(self, verbose: int = 0) -> None:
         super().__init__(verbose)
-        self.fault = None
-        self.ledger = None
+        self.fault: BoundaryFault | None = None
+        self.ledger: LedgerVecEnv | None = None
 
-    def _init_callback(self):
-        env = self.training_env
+    def _init_callback(self) -> None:
+        env: Any = self.training_env
         while env is not None and not isinstance(env, LedgerVecEnv):
             env = getattr(env, "venv", None)
         if env is None or not env.live:
@@ -178,8 +167,8 @@ class StopOnBoundaryFault(BaseCallback):
         self.ledger = env
         env.set_on_fault("record")
 
-    def _on_step(self):
-        faults = self.ledger.live_faults
+    def _on_step(self) -> bool:
+        faults = self.ledger.live_faults  # type: ignore[union-attr]  # _init_callback set it
         if faults:
             self.fault = faults[0]
             if self.verbose:
