@@ -172,10 +172,11 @@ def _rollout(env_fn, vector, sb3, n_envs, steps, directory, fault, target, at, s
     try:
         if sb3:
             from .sb3 import LedgerVecEnv
-            venv = LedgerVecEnv(venv, trainer_file)
+            # the fault injector around LedgerEnv is between the ledgers on purpose: no placement warning
+            venv = LedgerVecEnv(venv, trainer_file, check_wrappers=False)
             space = venv.action_space
         else:
-            venv = LedgerVectorEnv(venv, trainer_file)
+            venv = LedgerVectorEnv(venv, trainer_file, check_wrappers=False)
             space = venv.single_action_space
         space.seed(seed)
         actions = [np.stack([space.sample() for _ in range(n_envs)]) for _ in range(steps)]

@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 
 from ._schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
 from .live import BoundaryFault
-from .stack import slot_infos, warn_inner_wrappers
+from .stack import check_placement, slot_infos
 from .trainer import DONE_FLAGS, TrainerLedger, WritesTrainerLedger
 
 __all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
@@ -44,22 +44,27 @@ class LedgerVecEnv(WritesTrainerLedger, VecEnvWrapper):
         (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
     :param keep_tokens: leave the tokens in the infos (by default they are removed).
     :param flush_interval: seconds between periodic spills to disk (default 5).
-    :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
-        that changes values on purpose sits between this ledger and the VecEnv (or around LedgerEnv in a
-        DummyVecEnv's envs); False if you mean it.
+    :param check_wrappers: warn once when a wrapper sits between this ledger and the VecEnv (or around
+        LedgerEnv in a DummyVecEnv's envs): VecNormalize, VecFrameStack and others that change values on purpose
+        (or declared so) named as such, any other VecEnvWrapper as on the checked side, its differences its
+        doing; False silences it.
+    :param deliberate_wrappers: wrapper classes (or class names) of your own that change values on purpose
+        (or the class attribute ``stepledger_changes_values = True``; False for one that only watches).
     :param streams: the env stream each env of the VecEnv carries (default env i: stream i); for SuperSuit's
         vector envs of a PettingZoo env, the (env copy, agent) map ``stepledger.pettingzoo.slot_map`` gives.
     """
 
     def __init__(self, venv, path, reward_dtype=np.float32, keep_values=False, live=False, on_fault="raise",
-                 keep_tokens=False, check_wrappers=True, flush_interval=None, streams=None):
+                 keep_tokens=False, check_wrappers=True, flush_interval=None, streams=None,
+                 deliberate_wrappers=None):
         super().__init__(venv)
-        warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
+        between = check_placement(venv, "LedgerVecEnv", check_wrappers, deliberate_wrappers)
         self.ledger = TrainerLedger(path, venv.num_envs, venv.observation_space, venv.action_space,
                                     autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values,
                                     live=live, on_fault=on_fault, keep_tokens=keep_tokens,
                                     flush_interval=flush_interval, streams=streams, owner="LedgerVecEnv")
         self.ledger.final_obs_name = "infos[{i}]['%s']" % _TERMINAL_OBS
+        self.ledger.note_wrappers(between)
         self._link_envs()
         self.live = bool(live)
 

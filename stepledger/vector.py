@@ -7,7 +7,7 @@ import numpy as np
 
 from ._schema import LINK_ATTR, SETTINGS_KEY
 from .recording import attend
-from .stack import warn_inner_wrappers
+from .stack import check_placement
 from .trainer import DISABLED, NEXT_STEP, SAME_STEP, TrainerLedger, autoreset_mode_name
 
 __all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "final_obs_at", "link_envs", "resolve_autoreset_mode"]
@@ -137,25 +137,34 @@ class LedgerVectorEnv(gym.vector.VectorWrapper):
             a callable that receives the BoundaryFault.
         keep_tokens: leave the tokens in the info (by default they are removed,
             so training code sees what it would see without stepledger).
-        check_wrappers: warn once when a wrapper that changes values on
-            purpose (NormalizeObservation, NormalizeReward, TransformReward,
-            ClipAction, ...) sits between this ledger and the vector env, or
-            around LedgerEnv in a SyncVectorEnv's envs; False if you mean to
-            check through it.
+        check_wrappers: warn once when a wrapper sits between this ledger
+            and the vector env, or around LedgerEnv in a SyncVectorEnv's
+            envs: one that changes values on purpose (NormalizeObservation,
+            ClipAction, ... or one declared so) is named as such; any other
+            (a wrapper of your own) as on the checked side, its differences
+            its doing. False silences it (the wrappers found are still kept
+            in the ledger's meta, for compare's hints).
+        deliberate_wrappers: wrapper classes (or class names) of your own
+            that change values on purpose, named as such in the warning and
+            the hints; a class may also say so itself with the attribute
+            ``stepledger_changes_values = True`` (or a tuple of the fields it
+            changes; False for a wrapper that only watches).
         flush_interval: seconds between periodic spills to disk (default 5,
             or ``$STEPLEDGER_FLUSH_INTERVAL``).
     """
 
     def __init__(self, env, path, reward_dtype=np.float32, keep_values=False, autoreset_mode=None, live=False,
-                 on_fault="raise", keep_tokens=False, check_wrappers=True, flush_interval=None):
+                 on_fault="raise", keep_tokens=False, check_wrappers=True, flush_interval=None,
+                 deliberate_wrappers=None):
         super().__init__(env)
-        warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
+        between = check_placement(env, "LedgerVectorEnv", check_wrappers, deliberate_wrappers)
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
         self.ledger = TrainerLedger(path, env.num_envs, env.single_observation_space, env.single_action_space,
                                     autoreset_mode=self.autoreset_mode, reward_dtype=reward_dtype,
                                     keep_values=keep_values, live=live, on_fault=on_fault, keep_tokens=keep_tokens,
                                     flush_interval=flush_interval, owner="LedgerVectorEnv")
         self.ledger.final_obs_name = "info['final_obs'][{i}] (same-step autoreset)"
+        self.ledger.note_wrappers(between)
         link_envs(env, self.ledger)
         self.live = bool(live)
         self._same = self.autoreset_mode == SAME_STEP
