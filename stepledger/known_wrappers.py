@@ -19,25 +19,27 @@ package under one of these names. The table imports nothing.
 """
 
 OBS, ACTION, REWARD, TRUNCATED = "obs", "action", "reward", "truncated"
+SPACE = "space"  # not a report field: it changes the observation space (its shape, dtype or structure) too
 
 # {package: {class (or function) name: the fields it changes on purpose, () if it only watches}},
-# in the order hints name them.
+# in the order hints name them (the first few of a field are its examples): the commonest first.
 KNOWN = {
     # gymnasium 1.4: gymnasium/wrappers/*.py and gymnasium/wrappers/vector/*.py (the single-env and the
     # vector forms share their names)
     "gymnasium": {
-        "NormalizeObservation": (OBS,), "TransformObservation": (OBS,), "FrameStackObservation": (OBS,),
-        "VectorizeTransformObservation": (OBS,), "RescaleObservation": (OBS,), "DtypeObservation": (OBS,),
-        "FlattenObservation": (OBS,), "FilterObservation": (OBS,), "GrayscaleObservation": (OBS,),
-        "ResizeObservation": (OBS,), "ReshapeObservation": (OBS,), "DiscretizeObservation": (OBS,),
-        "DelayObservation": (OBS,), "TimeAwareObservation": (OBS,), "AddRenderObservation": (OBS,),
-        "MaxAndSkipObservation": (OBS, REWARD), "AtariPreprocessing": (OBS, REWARD),
+        "NormalizeObservation": (OBS,), "TransformObservation": (OBS,), "FrameStackObservation": (OBS, SPACE),
+        "VectorizeTransformObservation": (OBS,), "RescaleObservation": (OBS,), "DtypeObservation": (OBS, SPACE),
+        "FlattenObservation": (OBS, SPACE), "FilterObservation": (OBS, SPACE), "GrayscaleObservation": (OBS, SPACE),
+        "ResizeObservation": (OBS, SPACE), "ReshapeObservation": (OBS, SPACE), "DiscretizeObservation": (OBS, SPACE),
+        "DelayObservation": (OBS,), "TimeAwareObservation": (OBS, SPACE), "AddRenderObservation": (OBS, SPACE),
         "NormalizeReward": (REWARD,), "TransformReward": (REWARD,), "ClipReward": (REWARD,),
         "VectorizeTransformReward": (REWARD,),
         "ClipAction": (ACTION,), "RescaleAction": (ACTION,), "TransformAction": (ACTION,),
         "VectorizeTransformAction": (ACTION,), "DiscretizeAction": (ACTION,), "StickyAction": (ACTION,),
         "RepeatAction": (ACTION,),
-        "TimeLimit": (TRUNCATED,), "Autoreset": (OBS, REWARD),
+        "TimeLimit": (TRUNCATED,),
+        # several at once: frames skipped (their rewards summed), or episodes restarted on their own
+        "MaxAndSkipObservation": (OBS, REWARD), "AtariPreprocessing": (OBS, REWARD), "Autoreset": (OBS, REWARD),
         # array conversions: every value arrives as another array type
         "ArrayConversion": (OBS, ACTION, REWARD), "NumpyToTorch": (OBS, ACTION, REWARD),
         "JaxToNumpy": (OBS, ACTION, REWARD), "JaxToTorch": (OBS, ACTION, REWARD),
@@ -47,18 +49,17 @@ KNOWN = {
     },
     # stable-baselines3 2.x: stable_baselines3/common/vec_env/
     "stable_baselines3": {
-        "VecNormalize": (OBS, REWARD), "VecFrameStack": (OBS,), "VecTransposeImage": (OBS,),
-        "VecExtractDictObs": (OBS,),
+        "VecNormalize": (OBS, REWARD), "VecFrameStack": (OBS, SPACE), "VecTransposeImage": (OBS, SPACE),
+        "VecExtractDictObs": (OBS, SPACE),
         "VecMonitor": (), "VecCheckNan": (), "VecVideoRecorder": (),
     },
     # SuperSuit 3.x: its wrappers are made by functions, around LedgerParallelEnv (multi-agent hints name
     # these); its SB3 adapter only translates the vector env's calls
     "supersuit": {
-        "normalize_obs_v0": (OBS,), "observation_lambda_v0": (OBS,), "frame_stack_v1": (OBS,),
-        "agent_indicator_v0": (OBS,), "flatten_v0": (OBS,), "dtype_v0": (OBS,), "color_reduction_v0": (OBS,),
-        "resize_v1": (OBS,), "delay_observations_v0": (OBS,), "max_observation_v0": (OBS,),
-        "frame_skip_v0": (OBS, REWARD),
-        "clip_reward_v0": (REWARD,), "reward_lambda_v0": (REWARD,),
+        "normalize_obs_v0": (OBS,), "observation_lambda_v0": (OBS,), "frame_stack_v1": (OBS, SPACE),
+        "agent_indicator_v0": (OBS, SPACE), "flatten_v0": (OBS, SPACE), "dtype_v0": (OBS, SPACE), "color_reduction_v0": (OBS, SPACE),
+        "resize_v1": (OBS, SPACE), "delay_observations_v0": (OBS,), "max_observation_v0": (OBS,),
+        "clip_reward_v0": (REWARD,), "reward_lambda_v0": (REWARD,), "frame_skip_v0": (OBS, REWARD),
         "clip_actions_v0": (ACTION,), "scale_actions_v0": (ACTION,), "action_lambda_v1": (ACTION,),
         "sticky_actions_v0": (ACTION,),
         "SB3VecEnvWrapper": (),

@@ -378,11 +378,13 @@ def different_settings(key, env_text, trainer_text, agent_streams=False):
     if key == S.META_REWARD_DTYPE:
         return msg + "; pass the same reward_dtype to both sides"
     if agent_streams:
-        return msg + ("; a wrapper that changes the space (SuperSuit's frame_stack_v1, agent_indicator_v0, "
-                      "flatten_v0, ... around LedgerParallelEnv, or VecFrameStack on the vector env) probably sits "
-                      "between LedgerParallelEnv and the trainer-side ledger: %s" % AGENT_PLACEMENT)
-    return msg + ("; a wrapper that changes the space (VecFrameStack, NormalizeObservation, ...) probably sits "
-                  "between a ledger and the vector env: %s; what it then does is %s" % (PLACEMENT, NOT_CHECKED))
+        return msg + ("; a wrapper that changes the space (SuperSuit's %s, ... around LedgerParallelEnv, or %s on "
+                      "the vector env) probably sits between LedgerParallelEnv and the trainer-side ledger: %s"
+                      % (", ".join(_examples("space", "supersuit")), _examples("space", "stable_baselines3", 1)[0],
+                         AGENT_PLACEMENT))
+    return msg + ("; a wrapper that changes the space (%s, ...) probably sits between a ledger and the vector env: "
+                  "%s; what it then does is %s" % (", ".join(_examples("space", "gymnasium", 2) + _examples(
+                      "space", "stable_baselines3", 1)), PLACEMENT, NOT_CHECKED))
 
 
 def settings_difference(env_meta, trainer_meta):

@@ -546,3 +546,27 @@ def test_no_overwrite_warning_for_flush_then_close_or_a_rerun(tmp_path):
             env.step(np.zeros(1, np.float32))
             env.close()
     assert not [w for w in caught if "written by another LedgerEnv" in str(w.message)]
+
+
+def test_the_value_changing_wrappers_are_listed_once():
+    # one table (stepledger/known_wrappers.py): no other module holds a wrapper's name as a string of its own
+    # (a list entry), and the examples the hints name are the table's, for the field they name
+    import ast
+    import pathlib
+
+    import stepledger
+    from stepledger import wording
+    from stepledger.known_wrappers import KNOWN
+    names = {n for table in KNOWN.values() for n in table}
+    package = pathlib.Path(stepledger.__file__).parent
+    listed = []
+    for path in package.rglob("*.py"):
+        if path.name == "known_wrappers.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                listed.append("%s: %r" % (path.name, node.value))
+    assert listed == []
+    for field, text in wording.WRAPPERS_BY_FIELD.items():
+        for name in text.replace(", ...", "").split(", "):
+            assert field in (KNOWN["gymnasium"].get(name) or KNOWN["stable_baselines3"][name]), (field, name)
