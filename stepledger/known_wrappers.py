@@ -57,7 +57,8 @@ KNOWN = {
     # these); its SB3 adapter only translates the vector env's calls
     "supersuit": {
         "normalize_obs_v0": (OBS,), "observation_lambda_v0": (OBS,), "frame_stack_v1": (OBS, SPACE),
-        "agent_indicator_v0": (OBS, SPACE), "flatten_v0": (OBS, SPACE), "dtype_v0": (OBS, SPACE), "color_reduction_v0": (OBS, SPACE),
+        "agent_indicator_v0": (OBS, SPACE), "flatten_v0": (OBS, SPACE), "dtype_v0": (OBS, SPACE),
+        "color_reduction_v0": (OBS, SPACE),
         "resize_v1": (OBS, SPACE), "delay_observations_v0": (OBS,), "max_observation_v0": (OBS,),
         "clip_reward_v0": (REWARD,), "reward_lambda_v0": (REWARD,), "frame_skip_v0": (OBS, REWARD),
         "clip_actions_v0": (ACTION,), "scale_actions_v0": (ACTION,), "action_lambda_v1": (ACTION,),

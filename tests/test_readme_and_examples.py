@@ -93,7 +93,8 @@ def test_example_gymnasium_async(tmp_path):
     assert lines[1] == "env 3, episode 1, step 16: obs differs"
     assert lines[2].startswith("env 4, episode 0, step 25: terminated, truncated differ")
     assert lines[3] == "3 of 8 envs differ"
-    assert lines[4] == "hint: record with keep_values=True on both sides to see the observations and actions that differ"
+    assert lines[4] == ("hint: record with keep_values=True on both sides to see the observations and actions that "
+                        "differ")
     kept = _run([sys.executable, path, "--fault", "--keep-values", "--dir", str(tmp_path / "kept")], cwd=tmp_path)
     assert kept.returncode == 0, kept.stderr
     lines = kept.stdout.splitlines()
