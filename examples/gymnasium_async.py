@@ -12,6 +12,12 @@ a termination), and the report names each one.
 
     python examples/gymnasium_async.py            # clean: 0 of 8 envs differ
     python examples/gymnasium_async.py --fault    # three envs differ
+    python examples/gymnasium_async.py --fault --keep-values   # ...and the report prints the obs values
+
+By default the ledgers keep a digest of each observation and action (the
+rewards and end flags exactly), so the report says "obs differs" and where;
+--keep-values passes keep_values=True to both sides, which also keep each
+observation and action, and the report prints both sides' values.
 
 The ledgers go to a temporary directory that is removed at the end, unless
 --keep or --dir DIR is given.
@@ -39,9 +45,9 @@ MIN_ENVS = max(FAULTS) + 1
 MIN_STEPS = max(max(at + 1 + at // EPISODE_STEPS for _, at in FAULTS.values()), EPISODE_STEPS)
 
 
-def make_env(index, directory, faults):
+def make_env(index, directory, faults, keep_values):
     env = gym.make("Pendulum-v1", max_episode_steps=EPISODE_STEPS)
-    env = LedgerEnv(env, directory, index=index, keep_values=True)  # outermost on the env side...
+    env = LedgerEnv(env, directory, index=index, keep_values=keep_values)  # outermost on the env side...
     if index in faults:  # ...but for the injector, which stands for a faulty bridge
         fault, at = faults[index]
         env = FaultyEnv(env, fault, index=index, at=at, target=index)
@@ -57,6 +63,9 @@ def main():
     parser.add_argument("--steps", type=int, default=100, help="vector steps (default: 100)")
     parser.add_argument("--dir", default=None, help="where the ledgers go (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--keep-values", action="store_true",
+                        help="keep_values=True on both sides: the report prints the observations and actions that "
+                             "differ (default: their digests only)")
     args = parser.parse_args()
     if args.num_envs < 1 or args.steps < 1:
         parser.error("--num-envs and --steps must be at least 1")
@@ -69,8 +78,10 @@ def main():
 
     directory = args.dir or tempfile.mkdtemp(prefix="stepledger-example-")
     faults = FAULTS if args.fault else {}
-    envs = gym.vector.AsyncVectorEnv([functools.partial(make_env, i, directory, faults) for i in range(args.num_envs)])
-    envs = LedgerVectorEnv(envs, directory + "/trainer.npz", keep_values=True)  # innermost on the trainer side
+    envs = gym.vector.AsyncVectorEnv([functools.partial(make_env, i, directory, faults, args.keep_values)
+                                      for i in range(args.num_envs)])
+    # innermost on the trainer side, with the same keep_values as the env side
+    envs = LedgerVectorEnv(envs, directory + "/trainer.npz", keep_values=args.keep_values)
 
     envs.single_action_space.seed(0)
     actions = [np.stack([envs.single_action_space.sample() for _ in range(args.num_envs)]) for _ in range(args.steps)]

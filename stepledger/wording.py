@@ -13,34 +13,41 @@ import numpy as np
 
 from stepledger.format import schema as S
 from stepledger import core
+from stepledger import known_wrappers as KW
 from stepledger.format.spaces import GraphValue, digest_signature, is_variable_description, unflatten
 
-# Wrappers that change values on purpose, by what they change: the hint that names them.
-WRAPPERS_BY_FIELD = {
-    "obs": "NormalizeObservation, TransformObservation, FrameStackObservation, VecNormalize, VecFrameStack or "
-           "VecTransposeImage",
-    "reward": "NormalizeReward, TransformReward, ClipReward or VecNormalize",
-    "action": "ClipAction, RescaleAction or TransformAction",
-}
+# Wrappers that change values on purpose, by the field they change: the examples a hint names when the
+# trainer ledger names none (from the one table, stepledger.known_wrappers).
+_FIELD_WORDS = {"obs": "observations", "reward": "rewards", "action": "actions", "truncated": "episode ends"}
+
+
+def _examples(field, package, n=3):
+    return KW.names_changing(field, package)[:n]
+
+
+WRAPPERS_BY_FIELD = {f: ", ".join(_examples(f, "gymnasium") + _examples(f, "stable_baselines3")) + ", ..."
+                     for f in ("obs", "reward", "action")}
 
 INDEX_QUESTION = "is index= each env's position in the vector env?"
 COPY_INDEX_QUESTION = ("is each LedgerParallelEnv's index its env copy's position in the vector env "
                        "(index_supersuit_copies(venv) gives copy c index c, in SuperSuit's worker processes too)?")
 PLACEMENT = ("put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in "
              "the worker")
+# What moving a wrapper out of the two ledgers stops checking: every hint that advises a move says it.
+NOT_CHECKED = "no longer checked (a fault in it would no longer show)"
 
 # Multi-agent (stepledger.pettingzoo): what sits between LedgerParallelEnv and the trainer-side ledger and
 # changes values on purpose, by what it changes, and where the two ledgers go instead.
-AGENT_WRAPPERS_BY_FIELD = {
-    "obs": "SuperSuit's normalize_obs_v0 or observation_lambda_v0 around LedgerParallelEnv, or VecNormalize on the "
-           "vector env",
-    "reward": "SuperSuit's clip_reward_v0 or reward_lambda_v0 around LedgerParallelEnv, or VecNormalize on the "
-              "vector env",
-    "action": "SuperSuit's clip_actions_v0, scale_actions_v0 or action_lambda_v1 around LedgerParallelEnv",
-}
+def _agent_examples(field):
+    text = "SuperSuit's %s around LedgerParallelEnv" % " or ".join(_examples(field, "supersuit", 2))
+    sb3 = [n for n in _examples(field, "stable_baselines3", 1)]
+    return text + (", or %s on the vector env" % sb3[0] if sb3 else "")
+
+
+AGENT_WRAPPERS_BY_FIELD = {f: _agent_examples(f) for f in ("obs", "reward", "action")}
 AGENT_PLACEMENT = ("put LedgerParallelEnv around the SuperSuit wrappers that change values on purpose "
                    "(LedgerParallelEnv(normalize_obs_v0(par_env), directory)), and the trainer-side ledger directly "
-                   "around SuperSuit's vector env")
+                   "around SuperSuit's vector env; what a wrapper moved out does is then " + NOT_CHECKED)
 
 
 def _and(items):
@@ -150,50 +157,94 @@ def not_a_slot_map(owner, slots, text):
 
 # ---------------------------------------------------------------- wrappers inside the trainer-side ledger
 
-def inner_wrapper_warning(owner, names):
-    """The construction-time warning: wrappers that change values sit inside the trainer-side ledger."""
-    listed = _and(names)
-    return ("%s: %s sit%s between this ledger and the vector env and change%s values on purpose, so the envs "
-            "will differ from their first events; %s (e.g. %s(%s(envs, path))), or pass check_wrappers=False "
-            "if you mean to check through %s" % (owner, listed, "s" if len(names) == 1 else "",
-                                                 "s" if len(names) == 1 else "", PLACEMENT, names[0], owner,
-                                                 "it" if len(names) == 1 else "them"))
+def _where_example(names, owner, outside):
+    """Where a wrapper goes once moved out of the two ledgers, as an example."""
+    if outside:
+        return "LedgerEnv(%s(env), directory, index=i)" % names[0]
+    return "%s(%s(envs, path))" % (names[0], owner)
 
 
-def outer_env_wrapper_warning(owner, names):
-    """The construction-time warning: wrappers that change values sit around LedgerEnv in the envs."""
+def deliberate_wrapper_warning(owner, names, outside=False):
+    """The construction-time warning: wrappers known (or declared) to change values on purpose sit between
+    the two ledgers: inside the trainer-side ledger, or around LedgerEnv in the vector env's envs."""
     one = len(names) == 1
-    return ("%s: %s wrap%s LedgerEnv in the vector env's envs and change%s values on purpose, so the envs will "
-            "differ from their first events; %s (e.g. LedgerEnv(%s(env), directory, index=i)), or pass "
-            "check_wrappers=False if you mean to check through %s" % (owner, _and(names), "s" if one else "",
-                                                                      "s" if one else "", PLACEMENT, names[0],
-                                                                      "it" if one else "them"))
+    where = ("wrap%s LedgerEnv in the vector env's envs" if outside else
+             "sit%s between this ledger and the vector env") % ("s" if one else "")
+    moved = "part of the env" if outside else "outside the ledgers"
+    return ("%s: %s %s and change%s values on purpose, so the envs will differ from their first events; %s "
+            "(e.g. %s): what %s then does, %s, is %s; or pass check_wrappers=False if you mean to check through %s"
+            % (owner, _and(names), where, "s" if one else "", PLACEMENT, _where_example(names, owner, outside),
+               "it" if one else "each", moved, NOT_CHECKED, "it" if one else "them"))
 
 
-def every_env_hint(field, n_envs, agent_streams=False):
+def checked_wrapper_warning(owner, names, outside=False):
+    """The construction-time warning: wrappers not known to change values on purpose (a user's own, a plain
+    VectorWrapper) sit between the two ledgers, on the checked side."""
+    one = len(names) == 1
+    where = ("wrap%s LedgerEnv in the vector env's envs" if outside else
+             "sit%s between this ledger and the vector env") % ("s" if one else "")
+    move = "inside LedgerEnv" if outside else "out"
+    return ("%s: %s %s, on the checked side: the values %s change%s are reported as differences, and those are "
+            "%s doing; move %s %s (e.g. %s) only if %s change is intended: what %s does is then %s. A wrapper of "
+            "yours that changes values on purpose: deliberate_wrappers=[%s] (or stepledger_changes_values = True "
+            "on its class); check_wrappers=False silences this"
+            % (owner, _and(names), where, "it" if one else "they", "s" if one else "", "its" if one else "their",
+               "it" if one else "them", move, _where_example(names, owner, outside), "its" if one else "their",
+               "it" if one else "each", NOT_CHECKED, ", ".join(names)))
+
+
+def every_env_hint(field, n_envs, agent_streams=False, wrappers=()):
     """Every env (every agent stream of a multi-agent env ledger) differs in the same field from its first
-    events."""
-    kind = {"obs": "observations", "reward": "rewards", "action": "actions"}.get(field, field)
-    wrappers = (AGENT_WRAPPERS_BY_FIELD if agent_streams else WRAPPERS_BY_FIELD).get(field)
+    events. ``wrappers``: those the trainer-side ledger found between the two ledgers when it was built (its
+    meta's ``wrappers``, stack.check_placement): named as changing values on purpose where the table (or the
+    user) says so, else as on the checked side, their differences their doing."""
+    kind = _FIELD_WORDS.get(field, field)
     between = "LedgerParallelEnv and the trainer-side ledger" if agent_streams else "the two ledgers"
-    cause = "a wrapper between %s that changes %s on purpose%s does that" % (
-        between, kind, " (%s)" % wrappers if wrappers else "")
+    placement = AGENT_PLACEMENT if agent_streams else PLACEMENT
     if agent_streams:
         who = "all %d agent streams differ" % n_envs if n_envs > 1 else "the agent stream differs"
     else:
         who = "all %d envs differ" % n_envs if n_envs > 1 else "the env differs"
-    return "hint: %s in %s from their first events: %s; %s" % (
-        who, field, cause, AGENT_PLACEMENT if agent_streams else PLACEMENT)
+    found = [w for w in wrappers or () if isinstance(w, dict) and isinstance(w.get("name"), str)]
+    deliberate = [w["name"] for w in found if w.get("deliberate") is True
+                  and (not isinstance(w.get("changes"), list) or field in w["changes"])]
+    others = [w["name"] for w in found if w.get("deliberate") is not True]
+    if deliberate:
+        one = len(deliberate) == 1
+        text = "%s, between %s, change%s %s on purpose" % (_and(deliberate), between, "s" if one else "", kind)
+        if others:
+            text += " (%s, also between them, on the checked side, may change them too)" % _and(others)
+        text += "; if that change is all there is, %s" % placement
+        if not agent_streams:
+            text += "; what %s then does is %s" % (_and(deliberate), NOT_CHECKED)
+        return "hint: %s in %s from their first events: %s" % (who, field, text)
+    if others:
+        one = len(others) == 1
+        outside = all(w.get("where") == "around LedgerEnv" for w in found if w["name"] in others)
+        return ("hint: %s in %s from their first events: %s sit%s between %s, on the checked side, and the "
+                "differences are %s doing; move %s %s only if %s change is intended: what %s then does is %s"
+                % (who, field, _and(others), "s" if one else "", between, "its" if one else "their",
+                   "it" if one else "them", "inside LedgerEnv" if outside else "out of the two ledgers",
+                   "its" if one else "their", "it" if one else "each", NOT_CHECKED))
+    wrappers_text = (AGENT_WRAPPERS_BY_FIELD if agent_streams else WRAPPERS_BY_FIELD).get(field)
+    cause = ("something between %s changes %s from the first events on: a wrapper that changes them on purpose%s "
+             "does that, and so does a fault in anything else between them" % (
+                 between, kind, " (%s)" % wrappers_text if wrappers_text else ""))
+    return ("hint: %s in %s from their first events: %s; only if the change is intended, move that wrapper out: "
+            "%s%s" % (who, field, cause, placement,
+                      "" if agent_streams else "; what it then does is " + NOT_CHECKED))
 
 
 TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "
                    "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put LedgerEnv "
-                   "outermost in the worker, after TimeLimit")
+                   "outermost in the worker, after TimeLimit: its episode ends are then the env's, and only their "
+                   "way to the trainer is checked")
 # the same with multi-agent env ledgers: PettingZoo has no TimeLimit; a parallel env wrapper ends the episodes
 AGENT_TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "
                          "wrapper that ends episodes (a time limit) between LedgerParallelEnv and the trainer-side "
                          "ledger does that; put LedgerParallelEnv around it (LedgerParallelEnv(time_limit(par_env), "
-                         "directory))")
+                         "directory)): its episode ends are then the env's, and only their way to the trainer is "
+                         "checked")
 
 TRUNCATION_AS_TERMINATION_HINT = (
     "hint: truncation arrived as termination: at each of these steps the env truncated the episode and the "
@@ -327,11 +378,13 @@ def different_settings(key, env_text, trainer_text, agent_streams=False):
     if key == S.META_REWARD_DTYPE:
         return msg + "; pass the same reward_dtype to both sides"
     if agent_streams:
-        return msg + ("; a wrapper that changes the space (SuperSuit's frame_stack_v1, agent_indicator_v0, "
-                      "flatten_v0, ... around LedgerParallelEnv, or VecFrameStack on the vector env) probably sits "
-                      "between LedgerParallelEnv and the trainer-side ledger: %s" % AGENT_PLACEMENT)
-    return msg + ("; a wrapper that changes the space (VecFrameStack, NormalizeObservation, ...) probably sits "
-                  "between a ledger and the vector env: %s" % PLACEMENT)
+        return msg + ("; a wrapper that changes the space (SuperSuit's %s, ... around LedgerParallelEnv, or %s on "
+                      "the vector env) probably sits between LedgerParallelEnv and the trainer-side ledger: %s"
+                      % (", ".join(_examples("space", "supersuit")), _examples("space", "stable_baselines3", 1)[0],
+                         AGENT_PLACEMENT))
+    return msg + ("; a wrapper that changes the space (%s, ...) probably sits between a ledger and the vector env: "
+                  "%s; what it then does is %s" % (", ".join(_examples("space", "gymnasium", 2) + _examples(
+                      "space", "stable_baselines3", 1)), PLACEMENT, NOT_CHECKED))
 
 
 def settings_difference(env_meta, trainer_meta):
@@ -470,7 +523,10 @@ def untold_end(env, agents, flag, extra):
     elif extra > 1:
         text += ", and then received %d%s steps the env never took" % (extra, " or more" if extra >= 64 else "")
     if extra:
-        text += " (padded: SuperSuit's black_death_v3 does this; they are counted here, not as more differences)"
+        # what was seen is the padding; a wrapper known to pad is named as one possible cause, not as the cause
+        text += " (%s counted here, not as more differences%s)" % (
+            "it is" if extra == 1 else "they are",
+            "; SuperSuit's black_death_v3 is one wrapper known to pad an agent that left" if agents else "")
     return text
 
 

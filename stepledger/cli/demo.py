@@ -1,7 +1,10 @@
 """``stepledger demo``: a short AsyncVectorEnv run with faults injected in the workers.
 
 It shows the report a user gets: three envs out of eight each change one
-value on their way to the trainer, and compare names where.
+value on their way to the trainer, and compare names where. It records as
+the ledgers do by default (digests of observations and actions, rewards and
+flags exact); ``keep_values=True`` (``stepledger demo --keep-values``) also
+keeps each observation and action, so that the report prints them.
 """
 
 import functools
@@ -30,7 +33,7 @@ def make_env(index, directory, faults, keep_values):
     return env
 
 
-def run(fault=True, n_envs=8, steps=100, directory=None, keep_values=True, seed=0):
+def run(fault=True, n_envs=8, steps=100, directory=None, keep_values=False, seed=0):
     """Run the demo; returns (report, directory)."""
     directory = directory or tempfile.mkdtemp(prefix="stepledger-demo-")
     faults = DEMO_FAULTS if fault else {}

@@ -208,7 +208,7 @@ def _docs(args):
 def _demo(args):
     from stepledger.cli.demo import run
     made = args.dir is None
-    report, directory = run(fault=not args.clean, directory=args.dir)
+    report, directory = run(fault=not args.clean, directory=args.dir, keep_values=args.keep_values)
     print(report)
     if made and not args.keep:
         shutil.rmtree(directory, ignore_errors=True)
@@ -240,8 +240,11 @@ def _add_demo(sub):
     d = _command(sub, "demo", _demo, "run a short AsyncVectorEnv with faults injected and print the report",
                  description="""Run 8 Pendulum-v1 envs in an AsyncVectorEnv for 100 steps, with three of them changing
                               one value on the way to the trainer, and compare the two ledgers.""",
-                 examples=["stepledger demo", "stepledger demo --clean"])
+                 examples=["stepledger demo", "stepledger demo --keep-values", "stepledger demo --clean"])
     d.add_argument("--clean", action="store_true", help="inject no fault: the report must be clean")
+    d.add_argument("--keep-values", action="store_true",
+                   help="record with keep_values=True on both sides, so that the report prints the observations "
+                        "and actions that differ (by default the ledgers keep their digests only)")
     d.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed at the end)")
     d.add_argument("--keep", action="store_true", help="keep the temporary directory and print where it is")
 

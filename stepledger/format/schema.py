@@ -128,6 +128,9 @@ META_POSITION = "position"  # env side: its position in the trainer's vector env
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
 META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-agent env ledger
+# trainer side: the wrappers it found between the two ledgers when it was built (stepledger.stack), each
+# {"name": class name, "deliberate": bool, "changes": [fields] or null, "where": "inside" | "around LedgerEnv"}
+META_WRAPPERS = "wrappers"
 # trainer side, a recorder that sees slices of its envs' streams (one of several learners): {"i": [[offset,
 # row], ...]}, each pair saying that stream i's rows from ``row`` on are the env's events from ``offset`` on
 # (an event's offset: its place in the env's whole stream); compare stitches an env's slices by them
@@ -252,6 +255,8 @@ META_KEYS = (
     MetaKey(META_THROUGH, "int", required=(), minimum=0),
     # multi-agent env side: the agent of each stream, in stream order (stepledger.pettingzoo)
     MetaKey(META_POSSIBLE_AGENTS, "strings", required=()),
+    # the wrappers the trainer side found between the two ledgers (read by compare's hints only)
+    MetaKey(META_WRAPPERS, "wrappers", required=()),
 )
 META = {key.name: key for key in META_KEYS}
 
@@ -299,6 +304,8 @@ _TYPE_CHECKS = {
     "space": (lambda x: isinstance(x, dict), "a space description (an object)"),
     "strings": (lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x), "a list of strings"),
     "any": (lambda x: True, "any JSON value"),
+    "wrappers": (lambda x: isinstance(x, list) and all(isinstance(w, dict) and isinstance(w.get("name"), str)
+                                                       for w in x), "a list of wrapper descriptions"),
 }
 META_TYPES = tuple(_TYPE_CHECKS)
 

@@ -47,7 +47,8 @@ class Vector:
 
     def ledgered(self, venv: Any, path: str) -> Any:
         """The vector env with the trainer-side ledger around it."""
-        return LedgerVectorEnv(venv, path)
+        # the fault injector around LedgerEnv is between the ledgers on purpose: no placement warning
+        return LedgerVectorEnv(venv, path, check_wrappers=False)
 
     def action_space(self, venv: Any) -> gym.Space[Any]:
         """The single env's action space, whose samples the rollout sends."""

@@ -13,7 +13,7 @@ from stepledger.format.schema import LINK_ATTR, SETTINGS_KEY
 from stepledger.recording.batches import row as _row
 from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.hooks import attend
-from stepledger.recording.placement import warn_inner_wrappers
+from stepledger.recording.placement import check_placement
 from stepledger.recording.trainer import NEXT_STEP, SAME_STEP, OnFault, TrainerLedger, check_autoreset_mode
 
 __all__ = ["LedgerVectorEnv", "NEXT_STEP", "SAME_STEP", "final_obs_at", "link_envs", "resolve_autoreset_mode"]
@@ -125,11 +125,18 @@ class LedgerVectorEnv(TrainerAdapter, gym.vector.VectorWrapper):
             a callable that receives the BoundaryFault.
         keep_tokens: leave the tokens in the info (by default they are removed,
             so training code sees what it would see without stepledger).
-        check_wrappers: warn once when a wrapper that changes values on
-            purpose (NormalizeObservation, NormalizeReward, TransformReward,
-            ClipAction, ...) sits between this ledger and the vector env, or
-            around LedgerEnv in a SyncVectorEnv's envs; False if you mean to
-            check through it.
+        check_wrappers: warn once when a wrapper sits between this ledger
+            and the vector env, or around LedgerEnv in a SyncVectorEnv's
+            envs: one that changes values on purpose (NormalizeObservation,
+            ClipAction, ... or one declared so) is named as such; any other
+            (a wrapper of your own) as on the checked side, its differences
+            its doing. False silences it (the wrappers found are still kept
+            in the ledger's meta, for compare's hints).
+        deliberate_wrappers: wrapper classes (or class names) of your own
+            that change values on purpose, named as such in the warning and
+            the hints; a class may also say so itself with the attribute
+            ``stepledger_changes_values = True`` (or a tuple of the fields it
+            changes; False for a wrapper that only watches).
         flush_interval: seconds between periodic spills to disk (default 5,
             or ``$STEPLEDGER_FLUSH_INTERVAL``).
     """
@@ -137,14 +144,16 @@ class LedgerVectorEnv(TrainerAdapter, gym.vector.VectorWrapper):
     def __init__(self, env: gym.vector.VectorEnv, path: str | os.PathLike[str] | None,
                  reward_dtype: Any = np.float32, keep_values: bool = False, autoreset_mode: Any = None,
                  live: bool = False, on_fault: OnFault = "raise", keep_tokens: bool = False,
-                 check_wrappers: bool = True, flush_interval: float | None = None) -> None:
+                 check_wrappers: bool = True, flush_interval: float | None = None,
+                 deliberate_wrappers: Any = None) -> None:
         super().__init__(env)
-        warn_inner_wrappers(env, "LedgerVectorEnv", check_wrappers)
+        between = check_placement(env, "LedgerVectorEnv", check_wrappers, deliberate_wrappers)
         self.autoreset_mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerVectorEnv")
         self._open_ledger(env, path, env.num_envs, env.single_observation_space, env.single_action_space,
                           autoreset_mode=self.autoreset_mode, reward_dtype=reward_dtype, keep_values=keep_values,
                           live=live, on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
                           owner="LedgerVectorEnv", final_obs_name="info['final_obs'][{i}] (same-step autoreset)")
+        self.ledger.note_wrappers(between)
         link_envs(env, self.ledger)
         self._same = self.autoreset_mode == SAME_STEP
         self._pending_reset_mask = None  # the mask of a reset started by reset_async

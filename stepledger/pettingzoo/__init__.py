@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 from stepledger._moved import lazy_face
 
 if TYPE_CHECKING:  # what an editor and a type checker see; at run time each name is imported on first use
-    from stepledger.pettingzoo.parallel import LedgerParallelEnv, LedgerSuperSuitVecEnv, agent_streams, index_supersuit_copies, slot_map
+    from stepledger.pettingzoo.parallel import PETTINGZOO_NEEDS, LedgerParallelEnv, LedgerSuperSuitVecEnv, agent_streams, index_supersuit_copies, slot_map
     from stepledger.pettingzoo.faults import FaultyParallelEnv
     from stepledger.pettingzoo.check import check_parallel, parallel_env_factory
 
 _NAMES = {
-    **dict.fromkeys(('LedgerParallelEnv', 'LedgerSuperSuitVecEnv', 'agent_streams', 'index_supersuit_copies', 'slot_map'), 'parallel'),
+    **dict.fromkeys(('LedgerParallelEnv', 'LedgerSuperSuitVecEnv', 'PETTINGZOO_NEEDS', 'agent_streams', 'index_supersuit_copies', 'slot_map'), 'parallel'),
     **dict.fromkeys(('FaultyParallelEnv',), 'faults'),
     **dict.fromkeys(('check_parallel', 'parallel_env_factory'), 'check'),
 }

@@ -18,18 +18,13 @@ with its first observation, recorded as a reset. The ledger file is
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import warnings
 import weakref
 from typing import Any, Hashable, Sequence
 
 import numpy as np
-
-try:
-    from pettingzoo.utils import BaseParallelWrapper
-except ImportError as exc:  # pragma: no cover - exercised in a venv without PettingZoo
-    raise ImportError("stepledger.pettingzoo needs PettingZoo: pip install \"plugrl-stepledger[pettingzoo]\" "
-                      "(or pip install pettingzoo)") from exc
 
 from stepledger.format import schema as S
 from stepledger import core
@@ -45,6 +40,30 @@ from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
 from stepledger.recording.placement import own_attr, slot_infos
 from stepledger.recording.trainer import SAME_STEP, OnFault
+
+# The oldest PettingZoo this module works with: the [pettingzoo] extra's (pyproject.toml says the same; a test
+# holds the two together). PettingZoo 1.22 spells the base class BaseParallelWraper, and its parallel_to_aec
+# casts continuous actions to int.
+PETTINGZOO_NEEDS = "1.24"
+
+
+try:
+    from pettingzoo.utils import BaseParallelWrapper
+except ImportError as exc:  # exercised in a venv without PettingZoo, and in one with pettingzoo 1.22.3
+    try:
+        _have: str | None = importlib.metadata.version("pettingzoo")
+    except Exception:  # PackageNotFoundError: not installed
+        _have = None
+    if _have is not None and [int(x) for x in _have.split(".")[:2] if x.isdigit()] >= [
+            int(x) for x in PETTINGZOO_NEEDS.split(".")]:
+        raise  # a version new enough that fails to import for another reason: its own error says which
+    if _have is None:
+        raise ImportError("stepledger.pettingzoo needs PettingZoo %s or newer, and it is not installed: pip install "
+                          "\"plugrl-stepledger[pettingzoo]\" (or pip install \"pettingzoo>=%s\")"
+                          % (PETTINGZOO_NEEDS, PETTINGZOO_NEEDS)) from exc
+    raise ImportError("stepledger.pettingzoo needs PettingZoo %s or newer, and pettingzoo %s is installed: pip "
+                      "install -U \"pettingzoo>=%s\" (or pip install \"plugrl-stepledger[pettingzoo]\")"
+                      % (PETTINGZOO_NEEDS, _have, PETTINGZOO_NEEDS)) from exc
 
 __all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
 

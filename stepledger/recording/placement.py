@@ -1,51 +1,89 @@
 """What sits between a trainer-side ledger and the vector env it records.
 
-The trainer-side ledger must be innermost: a wrapper between it and the
-vector env that changes values on purpose (normalizes, transforms, clips,
-rescales or stacks them) makes every env differ from its first events.
-``value_changing_wrappers`` walks the chain inside the ledger and names them;
-``outer_env_wrappers`` names those wrapped around LedgerEnv in the envs of a
-vector env that holds them in-process (SyncVectorEnv, SB3's DummyVecEnv), where
-the single-env forms (FrameStackObservation has no other) sit between the two
-ledgers too. The ledgers warn once at construction (``check_wrappers=False``
-silences it).
+Whatever sits between the two ledgers is on the checked side: what it changes
+is reported as a difference. ``wrappers_between`` walks the chain inside the
+trainer-side ledger; ``outer_wrappers`` the wrappers around LedgerEnv in the
+envs of a vector env that holds them in-process (SyncVectorEnv, SB3's
+DummyVecEnv), where the single-env forms (FrameStackObservation has no other)
+sit between the two ledgers too. Each is classified by
+``stepledger.known_wrappers`` (the one list of wrappers that change values on
+purpose, and of those that only watch) or by the user's declaration. The
+trainer-side ledgers warn once at construction (``check_wrappers=False``
+silences it) and keep what they found in their meta, for compare's hints.
 """
 
 import warnings
+from typing import Any
 
 from stepledger import wording
-
-# Known by class name, so that SB3 need not be imported to recognise its wrappers.
-_BY_NAME = {
-    # Gymnasium (vector and single-env forms share these names)
-    "NormalizeObservation", "NormalizeReward", "TransformObservation", "TransformReward", "TransformAction",
-    "VectorizeTransformObservation", "VectorizeTransformReward", "VectorizeTransformAction",
-    "ClipAction", "ClipReward", "RescaleAction", "RescaleObservation", "FrameStackObservation",
-    "DtypeObservation", "FlattenObservation", "GrayscaleObservation", "ResizeObservation", "ReshapeObservation",
-    "FilterObservation",
-    # Stable-Baselines3
-    "VecNormalize", "VecFrameStack", "VecTransposeImage",
-}
+from stepledger.known_wrappers import DECLARE_ATTR, DELIBERATE, UNKNOWN, WATCHES, known
 
 
-def _changes_values(env):
+def _declared_set(deliberate_wrappers, owner):
+    """The classes and class names a user declared deliberate (``deliberate_wrappers=``), checked."""
+    if deliberate_wrappers is None:
+        return frozenset()
+    items = [deliberate_wrappers] if isinstance(deliberate_wrappers, (str, type)) else deliberate_wrappers
     try:
-        import gymnasium as gym
-        bases = (gym.vector.VectorObservationWrapper, gym.vector.VectorActionWrapper,
-                 gym.vector.VectorRewardWrapper)
-        if isinstance(env, bases):
-            return True
-    except (ImportError, AttributeError):
-        pass
-    return any(cls.__name__ in _BY_NAME for cls in type(env).__mro__[:-1])
+        items = list(items)
+    except TypeError:
+        items = [items]
+    for item in items:
+        if not isinstance(item, (str, type)):
+            raise ValueError("%s: deliberate_wrappers must be wrapper classes or class names, got %r"
+                             % (owner, item))
+    return frozenset(items)
 
 
-def value_changing_wrappers(env):
-    """Names of the wrappers in ``env``'s chain (outermost first) known to change values on purpose.
+def classify(env, declared=frozenset()):
+    """(kind, fields) of one wrapper: DELIBERATE with the fields it changes on purpose (None where it was
+    declared without saying which), WATCHES (it passes every value through), or UNKNOWN.
 
-    Follows Gymnasium's ``.env`` and SB3's ``.venv`` down to the vector env.
+    A user's declaration comes first (``declared``: classes and class names, then the class attribute
+    ``stepledger_changes_values``), then the table of stepledger.known_wrappers.
     """
-    return [type(e).__name__ for e in _chain(env) if _changes_values(e)]
+    cls = type(env)
+    if declared and any(c in declared or c.__name__ in declared for c in cls.__mro__[:-1]):
+        return DELIBERATE, None
+    said = getattr(cls, DECLARE_ATTR, None)
+    if said is True:
+        return DELIBERATE, None
+    if said is False:
+        return WATCHES, None
+    if isinstance(said, (tuple, list)) and said:
+        return DELIBERATE, tuple(str(f) for f in said)
+    found = known(cls)
+    if found is not None:
+        return (DELIBERATE, found[2]) if found[2] else (WATCHES, None)
+    return UNKNOWN, None
+
+
+def _found(env, where, declared):
+    kind, fields = classify(env, declared)
+    if kind == WATCHES:
+        return None
+    return {"name": type(env).__name__, "deliberate": kind == DELIBERATE,
+            "changes": None if fields is None else list(fields), "where": where}
+
+
+def wrappers_between(env, declared=frozenset()):
+    """The wrappers in ``env``'s chain (outermost first) down to the vector env, as described for the
+    trainer ledger's meta (``{"name", "deliberate", "changes", "where": "inside"}``); those that only
+    watch are left out. Follows Gymnasium's ``.env`` and SB3's ``.venv``; the vector env at the bottom
+    (the first object that wraps nothing) is not a wrapper."""
+    out = []
+    for e in _chain(env):
+        if own_attr(e, "venv") is None and own_attr(e, "env") is None:
+            break
+        found = _found(e, "inside", declared)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def value_changing_wrappers(env, declared=frozenset()):
+    """Names of the wrappers in ``env``'s chain (outermost first) that change values on purpose."""
+    return [w["name"] for w in wrappers_between(env, declared) if w["deliberate"]]
 
 
 def own_attr(obj, name):
@@ -74,37 +112,54 @@ def _chain(env):
         env = inner if inner is not None else own_attr(env, "env")
 
 
-def outer_env_wrappers(env):
-    """Names of the wrappers known to change values that sit around LedgerEnv in the envs of ``env``'s
-    vector env, where it holds them in this process (``.envs``: SyncVectorEnv, DummyVecEnv); in the
-    order first found. Envs without a LedgerEnv in their chain are not looked into."""
+def outer_wrappers(env, declared=frozenset()):
+    """The wrappers around LedgerEnv in the envs of ``env``'s vector env, where it holds them in this process
+    (``.envs``: SyncVectorEnv, DummyVecEnv), described as ``wrappers_between`` does (``"where": "around
+    LedgerEnv"``), each once, in the order first found. Envs without a LedgerEnv in their chain are not
+    looked into."""
     subs = None
     for e in _chain(env):
         subs = own_attr(e, "envs")
-    names = []
+    out, names = [], set()
     for sub in subs if isinstance(subs, (list, tuple)) else ():
-        above: list[str] = []
+        above: list[dict[str, Any]] = []
         for e in _chain(sub):
             if any(cls.__name__ == "LedgerEnv" for cls in type(e).__mro__):
-                names += [n for n in above if n not in names]
+                for w in above:
+                    if w["name"] not in names:
+                        names.add(w["name"])
+                        out.append(w)
                 break
-            if _changes_values(e):
-                above.append(type(e).__name__)
-    return names
+            found = _found(e, "around LedgerEnv", declared)
+            if found is not None:
+                above.append(found)
+    return out
 
 
-def warn_inner_wrappers(env, owner, check_wrappers=True):
-    """Warn once (UserWarning) when ``env`` holds wrappers that change values on purpose: inside the
-    trainer-side ledger, or around LedgerEnv in the envs of an in-process vector env."""
-    if not check_wrappers:
-        return []
-    names = value_changing_wrappers(env)
-    outer = outer_env_wrappers(env)
-    if names:
-        warnings.warn(wording.inner_wrapper_warning(owner, names), UserWarning, stacklevel=3)
-    if outer:
-        warnings.warn(wording.outer_env_wrapper_warning(owner, outer), UserWarning, stacklevel=3)
-    return names + [n for n in outer if n not in names]
+def outer_env_wrappers(env, declared=frozenset()):
+    """Names of the wrappers that change values on purpose around LedgerEnv in the envs of ``env``'s
+    vector env (see ``outer_wrappers``)."""
+    return [w["name"] for w in outer_wrappers(env, declared) if w["deliberate"]]
+
+
+def check_placement(env, owner, check_wrappers=True, deliberate_wrappers=None):
+    """The wrappers between the two ledgers that this process can see (``wrappers_between`` inside the
+    trainer-side ledger, then ``outer_wrappers``), for the trainer ledger's meta; unless
+    ``check_wrappers`` is False, one UserWarning for each kind found: those that change values on
+    purpose, and the others, which are on the checked side."""
+    declared = _declared_set(deliberate_wrappers, owner)
+    inside = wrappers_between(env, declared)
+    outer = outer_wrappers(env, declared)
+    if check_wrappers:
+        for group, outside in ((inside, False), (outer, True)):
+            deliberate = [w["name"] for w in group if w["deliberate"]]
+            others = [w["name"] for w in group if not w["deliberate"]]
+            if deliberate:
+                warnings.warn(wording.deliberate_wrapper_warning(owner, deliberate, outside), UserWarning,
+                              stacklevel=3)
+            if others:
+                warnings.warn(wording.checked_wrapper_warning(owner, others, outside), UserWarning, stacklevel=3)
+    return inside + outer
 
 
 def slot_infos(venv, infos):

@@ -218,6 +218,12 @@ class TrainerLedger:
                 self.step_results = {NEXT_STEP: rec.step_next_results,
                                      SAME_STEP: rec.step_same_results}.get(self.autoreset_mode)
 
+    def note_wrappers(self, found):
+        """Keep the wrappers found between the two ledgers (``stack.check_placement``) in the ledger's meta,
+        where compare's hints name them."""
+        if self.recording is not None and found:
+            self.recording.extra_meta[S.META_WRAPPERS] = list(found)
+
     # ------------------------------------------------------------------ identity
 
     @property

@@ -598,6 +598,17 @@ def _unindexed_notes(env_ledger: Ledger, tr_ledger: Ledger) -> list[str]:
     return lines
 
 
+def _wrappers_found(tr_ledger: Ledger) -> list[str]:
+    """The wrappers the trainer side found between the two ledgers when it was built (its meta)."""
+    metas = [led.meta for _, led in getattr(tr_ledger, "named", ())] or [tr_ledger.meta]
+    found: list[str] = []
+    for meta in metas:
+        for w in meta.get(S.META_WRAPPERS) or ():
+            if w not in found:
+                found.append(w)
+    return found
+
+
 def cause_hints(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> list[str]:
     """Hint lines that name the likely cause of a report's differences (worded in stepledger.wording)."""
     if report.ok:
@@ -612,7 +623,8 @@ def cause_hints(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> list[s
             d.episode == 0 and d.step is not None and d.step <= 1 for d in fields):
         common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
         if common:
-            hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams))
+            hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams,
+                                                _wrappers_found(tr_ledger)))
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
             and d.trainer_values.get("truncated") == "True" for d in fields):

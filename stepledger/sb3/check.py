@@ -12,7 +12,7 @@ class SB3Vector(Vector):
     """An SB3 VecEnv: LedgerVecEnv around it, seeded through ``seed()`` before a ``reset()`` without arguments."""
 
     def ledgered(self, venv, path):
-        return LedgerVecEnv(venv, path)
+        return LedgerVecEnv(venv, path, check_wrappers=False)
 
     def action_space(self, venv):
         return venv.action_space

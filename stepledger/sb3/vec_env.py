@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 
 from stepledger.format.schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
 from stepledger.recording.live import BoundaryFault
-from stepledger.recording.placement import slot_infos, warn_inner_wrappers
+from stepledger.recording.placement import check_placement, slot_infos
 from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.trainer import DONE_FLAGS, OnFault
 
@@ -51,9 +51,12 @@ class LedgerVecEnv(TrainerAdapter, VecEnvWrapper):
         (keep it in ``live_faults``), or a callable; see also ``StopOnBoundaryFault``.
     :param keep_tokens: leave the tokens in the infos (by default they are removed).
     :param flush_interval: seconds between periodic spills to disk (default 5).
-    :param check_wrappers: warn once when VecNormalize, VecFrameStack, VecTransposeImage or another wrapper
-        that changes values on purpose sits between this ledger and the VecEnv (or around LedgerEnv in a
-        DummyVecEnv's envs); False if you mean it.
+    :param check_wrappers: warn once when a wrapper sits between this ledger and the VecEnv (or around
+        LedgerEnv in a DummyVecEnv's envs): VecNormalize, VecFrameStack and others that change values on purpose
+        (or declared so) named as such, any other VecEnvWrapper as on the checked side, its differences its
+        doing; False silences it.
+    :param deliberate_wrappers: wrapper classes (or class names) of your own that change values on purpose
+        (or the class attribute ``stepledger_changes_values = True``; False for one that only watches).
     :param streams: the env stream each env of the VecEnv carries (default env i: stream i); for SuperSuit's
         vector envs of a PettingZoo env, the (env copy, agent) map ``stepledger.pettingzoo.slot_map`` gives.
     """
@@ -61,13 +64,14 @@ class LedgerVecEnv(TrainerAdapter, VecEnvWrapper):
     def __init__(self, venv: VecEnv, path: str | os.PathLike[str] | None, reward_dtype: Any = np.float32,
                  keep_values: bool = False, live: bool = False, on_fault: OnFault = "raise",
                  keep_tokens: bool = False, check_wrappers: bool = True, flush_interval: float | None = None,
-                 streams: Sequence[int] | None = None) -> None:
+                 streams: Sequence[int] | None = None, deliberate_wrappers: Any = None) -> None:
         super().__init__(venv)
-        warn_inner_wrappers(venv, "LedgerVecEnv", check_wrappers)
+        between = check_placement(venv, "LedgerVecEnv", check_wrappers, deliberate_wrappers)
         self._open_ledger(venv, path, venv.num_envs, venv.observation_space, venv.action_space,
                           autoreset_mode=DONE_FLAGS, reward_dtype=reward_dtype, keep_values=keep_values, live=live,
                           on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
                           streams=streams, owner="LedgerVecEnv", final_obs_name="infos[{i}]['%s']" % _TERMINAL_OBS)
+        self.ledger.note_wrappers(between)
         self._link_envs()
 
     def _link_envs(self) -> None:

@@ -416,3 +416,30 @@ def test_action_is_recorded_as_received_before_the_env_changes_it(tmp_path, core
     envs.close()
     report = stepledger.compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok, str(report)
+
+
+def test_values_are_not_kept_by_default_on_either_side(tmp_path):
+    # issue 24: the default and the docs agree: both sides keep digests of observations and actions (rewards
+    # and flags exactly) unless keep_values=True; the report then says "obs differs" and how to see the values
+    from stepledger import LedgerVectorEnv, compare
+    from stepledger.faults import FaultyEnv
+    d = str(tmp_path)
+
+    def make(i):
+        env = LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=10), d, index=i)
+        return FaultyEnv(env, "obs:f16", index=i, at=2, target=1) if i == 1 else env
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FaultyEnv around LedgerEnv: the placement warning
+        envs = LedgerVectorEnv(gym.vector.SyncVectorEnv([lambda i=i: make(i) for i in range(2)]),
+                               os.path.join(d, "trainer.npz"))
+    envs.reset(seed=0)
+    for _ in range(5):
+        envs.step(np.zeros((2, 1), np.float32))
+    envs.close()
+    for name in ("env-0.npz", "env-1.npz", "trainer.npz"):
+        led = read(os.path.join(d, name))
+        assert led.meta[S.META_KEEP_VALUES] is False, name
+        assert not [m for m in np.load(os.path.join(d, name)).files if m.startswith("values_")], name
+    lines = str(compare(d, os.path.join(d, "trainer.npz"))).splitlines()
+    assert lines[0] == "env 1, episode 0, step 3: obs differs", lines  # at=2 counts from step 0
+    assert "hint: record with keep_values=True on both sides to see the observations and actions that differ" in lines

@@ -25,7 +25,7 @@ LAYERS = (
     ("facts", ("stepledger.__about__", "stepledger.errors", "stepledger.format.schema")),
     ("core", ("stepledger._core", "stepledger._fallback", "stepledger.core")),
     ("format", ("stepledger.format.",)),
-    ("wording", ("stepledger.wording",)),
+    ("wording", ("stepledger.known_wrappers", "stepledger.wording")),
     ("recording", ("stepledger.recording.",)),
     ("report", ("stepledger.report.",)),
     ("faults", ("stepledger.faults.",)),

@@ -90,9 +90,17 @@ def test_example_gymnasium_async(tmp_path):
     assert faulty.returncode == 0, faulty.stderr
     lines = faulty.stdout.splitlines()
     assert lines[0].startswith("env 1, episode 0, step 13: reward differs (env gave ")
-    assert lines[1].startswith("env 3, episode 1, step 16: obs differs (env gave [")
+    # the default: a digest of each observation, so the report says where, and how to see the values
+    assert lines[1] == "env 3, episode 1, step 16: obs differs"
     assert lines[2].startswith("env 4, episode 0, step 25: terminated, truncated differ")
     assert lines[3] == "3 of 8 envs differ"
+    assert lines[4] == ("hint: record with keep_values=True on both sides to see the observations and actions that "
+                        "differ")
+    kept = _run([sys.executable, path, "--fault", "--keep-values", "--dir", str(tmp_path / "kept")], cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    lines = kept.stdout.splitlines()
+    assert lines[1].startswith("env 3, episode 1, step 16: obs differs (env gave [")
+    assert "hint: record with keep_values=True" not in kept.stdout
 
 
 def test_example_sb3_pendulum_catches_its_fault(tmp_path):
@@ -113,6 +121,17 @@ def test_demo_command(tmp_path):
     proc = _run([sys.executable, "-m", "stepledger", "demo", "--dir", str(tmp_path)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "3 of 8 envs differ" in proc.stdout and str(tmp_path) in proc.stdout
+    # the demo records as the ledgers do by default, and the README's first report is the demo's, line for line
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    first = readme[readme.index("```\n") + 4:]
+    first = first[:first.index("```")].splitlines()
+    assert proc.stdout.splitlines()[:len(first)] == first, proc.stdout
+    assert "hint: record with keep_values=True on both sides" in proc.stdout
+    kept = _run([sys.executable, "-m", "stepledger", "demo", "--keep-values", "--dir", str(tmp_path / "k")],
+                cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    assert "env 3, episode 1, step 16: obs differs (env gave [-0.36274984, -0.93188655, 0.863935], trainer received " \
+           "[-0.36279297, -0.9321289, 0.86376953], first at [0])" in kept.stdout, kept.stdout
     clean = _run([sys.executable, "-m", "stepledger", "demo", "--clean", "--dir", str(tmp_path / "c")], cwd=tmp_path)
     assert clean.returncode == 0 and "0 of 8 envs differ" in clean.stdout
 

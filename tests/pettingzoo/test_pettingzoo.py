@@ -3,6 +3,9 @@ and the SB3 trainer side (issue 19, first part)."""
 
 import gc
 import os
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -14,10 +17,12 @@ simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 
 from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
 
+import stepledger  # noqa: E402
 from parallel_envs import LeavingEnv, TwoLeaveApart  # noqa: E402
-from stepledger import LedgerError, compare, read
+from side_venv import cached_venv, hiding, imported_version  # noqa: E402
+from stepledger import LedgerError, compare, read  # noqa: E402
 from stepledger.format import schema as S  # noqa: E402
-from stepledger.pettingzoo import LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402
+from stepledger.pettingzoo import PETTINGZOO_NEEDS, LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402,E501
 from stepledger.sb3 import LedgerVecEnv  # noqa: E402
 
 
@@ -141,8 +146,8 @@ def test_index_supersuit_copies_refuses_without_ledgers(tmp_path):
     venv.close()
 
 
-def black_death_run(d, par_env, steps):
-    env = ss.black_death_v3(LedgerParallelEnv(par_env, d))
+def black_death_run(d, par_env, steps, pad=None):
+    env = (pad or ss.black_death_v3)(LedgerParallelEnv(par_env, d))
     venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 1, num_cpus=0,
                                  base_class="stable_baselines3")
     index_supersuit_copies(venv)
@@ -163,11 +168,47 @@ def test_black_death_padding_is_one_finding_at_the_agent_that_left(tmp_path):
     assert by[1].line() == (
         "env 0, agent agent_1, episode 0, step 2: terminated differs (env gave True, trainer received False); "
         "agent agent_1 left here (terminated) but the trainer was not told, and then received 3 steps the env "
-        "never took (padded: SuperSuit's black_death_v3 does this; they are counted here, not as more differences)")
+        "never took (they are counted here, not as more differences; SuperSuit's black_death_v3 is one wrapper "
+        "known to pad an agent that left)")
     # agent_0, truncated at step 4 as the episode ends: the trainer was not told, and got a phantom step
     assert (by[0].episode, by[0].step, by[0].untold) == (0, 4, ("truncated", 1))
     assert "received a step the env never took" in by[0].line()
     assert report.to_dict()["differences"][1]["steps_never_taken"] == 3
+
+
+class KeepLeftAgents(BaseParallelWrapper):
+    """A MAPPO-style padding wrapper of a user's own (not SuperSuit's): an agent that left stays in every step,
+    with its last observation, reward 0 and both flags false, until every agent is done."""
+
+    def reset(self, seed=None, options=None):
+        obs, infos = self.env.reset(seed=seed, options=options)
+        self.agents, self.last = list(self.env.possible_agents), dict(obs)
+        return obs, infos
+
+    def step(self, actions):
+        obs, rewards, terms, truncs, infos = self.env.step({a: actions[a] for a in self.env.agents})
+        self.last.update(obs)
+        done = not self.env.agents
+        out = ({a: self.last[a] for a in self.agents}, {a: rewards.get(a, 0.0) for a in self.agents},
+               {a: done and terms.get(a, False) for a in self.agents},
+               {a: done and truncs.get(a, True) for a in self.agents}, {a: infos.get(a, {}) for a in self.agents})
+        if done:
+            self.agents = []
+        return out
+
+
+def test_padding_by_another_wrapper_is_said_as_seen(tmp_path):
+    """Issue 24: padding from a wrapper that is not black_death_v3 was reported as black_death_v3's doing. The
+    line says what was seen, and names black_death_v3 as one known cause only."""
+    report = black_death_run(str(tmp_path), TwoLeaveApart(), 6, pad=KeepLeftAgents)
+    by = report.by_env()
+    assert (by[1].episode, by[1].step, by[1].fields, by[1].untold) == (0, 2, ("terminated",), ("terminated", 2))
+    assert by[1].line() == (
+        "env 0, agent agent_1, episode 0, step 2: terminated differs (env gave True, trainer received False); "
+        "agent agent_1 left here (terminated) but the trainer was not told, and then received 2 steps the env "
+        "never took (they are counted here, not as more differences; SuperSuit's black_death_v3 is one wrapper "
+        "known to pad an agent that left)")
+    assert "black_death_v3 does this" not in str(report)
 
 
 def test_black_death_in_live_mode_is_one_fault_per_agent(tmp_path):
@@ -305,8 +346,16 @@ def test_a_supersuit_wrapper_between_the_ledgers_is_named_for_agent_streams(tmp_
     hint = [h for h in report.hints if "from their first events" in h]
     kind = {"reward": "rewards", "obs": "observations"}[field]
     assert len(hint) == 1 and hint[0].startswith(
-        "hint: all 6 agent streams differ in %s from their first events: a wrapper between LedgerParallelEnv and "
-        "the trainer-side ledger that changes %s on purpose (SuperSuit's " % (field, kind)), report.hints
+        "hint: all 6 agent streams differ in %s from their first events: something between LedgerParallelEnv and "
+        "the trainer-side ledger changes %s from the first events on: a wrapper that changes them on purpose "
+        "(SuperSuit's " % (field, kind)), report.hints
+    # the wrapper sits in the env's process, out of the trainer side's sight: none is called deliberate, and
+    # the advice to move one says what the move stops checking
+    assert hint[0].endswith("and so does a fault in anything else between them; only if the change is intended, "
+                            "move that wrapper out: put LedgerParallelEnv around the SuperSuit wrappers that change "
+                            "values on purpose (LedgerParallelEnv(normalize_obs_v0(par_env), directory)), and the "
+                            "trainer-side ledger directly around SuperSuit's vector env; what a wrapper moved out "
+                            "does is then no longer checked (a fault in it would no longer show)"), hint
     assert ("put LedgerParallelEnv around the SuperSuit wrappers that change values on purpose "
             "(LedgerParallelEnv(normalize_obs_v0(par_env), directory))") in hint[0]
     assert ("clip_reward_v0" if field == "reward" else "observation_lambda_v0") in hint[0]
@@ -342,7 +391,8 @@ def test_a_time_limit_between_the_ledgers_is_named_for_agent_streams(tmp_path):
     assert report.hints == ["hint: only truncated differs, and the trainer received True where the env gave False: "
                             "a wrapper that ends episodes (a time limit) between LedgerParallelEnv and the "
                             "trainer-side ledger does that; put LedgerParallelEnv around it "
-                            "(LedgerParallelEnv(time_limit(par_env), directory))"], report.hints
+                            "(LedgerParallelEnv(time_limit(par_env), directory)): its episode ends are then the "
+                            "env's, and only their way to the trainer is checked"], report.hints
     d = str(tmp_path / "inside")
     clean = gymnasium_form_run(d, 25, 8, env=LedgerParallelEnv(TruncateAt(par_env, 3), d))
     assert clean.ok, clean.lines()
@@ -387,7 +437,8 @@ def test_a_space_changing_wrapper_between_the_ledgers_is_named_for_agent_streams
                          "sits between LedgerParallelEnv and the trainer-side ledger: put LedgerParallelEnv around "
                          "the SuperSuit wrappers that change values on purpose (LedgerParallelEnv(normalize_obs_v0("
                          "par_env), directory)), and the trainer-side ledger directly around SuperSuit's vector "
-                         "env"), text
+                         "env; what a wrapper moved out does is then no longer checked (a fault in it would no longer "
+                         "show)"), text
     d = str(tmp_path / "inside")
     assert gymnasium_form_run(d, 25, 3, env=LedgerParallelEnv(ss.frame_stack_v1(par_env, 2), d)).ok
 
@@ -426,3 +477,50 @@ def test_records_that_end_apart_name_the_agent(tmp_path):
     assert ends == ["env %d, agent agent_%d: records end at different points (the env side stopped 2 events before "
                     "the other's end; the env ledger was not closed (its process is gone)); the 5 events both sides "
                     "have agree" % (s // 3, s % 3) for s in range(6)], report.notes
+
+
+# ---------------------------------------------------------------- an older PettingZoo, or none (issue 24)
+
+PZ122_VENV = os.environ.get("STEPLEDGER_PZ122_VENV") or os.path.join(
+    tempfile.gettempdir(), "stepledger-pz122-venv-py%d%d" % sys.version_info[:2])
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(stepledger.__file__)))
+
+
+def _import_pettingzoo_module(python, prelude=""):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_") and k != "PYTHONPATH"}
+    env.update(PYTHONPATH=REPO, STEPLEDGER_PUREPYTHON="1")  # this checkout, its pure-Python core
+    code = prelude + "import stepledger.pettingzoo\n"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture(scope="session")
+def pz122_python():
+    """A Python with pettingzoo==1.22.3 (and gymnasium, numpy), in a venv cached at PZ122_VENV."""
+    return cached_venv(PZ122_VENV, "stepledger-pz122-ready", "pettingzoo==1.22.3",
+                       [["pettingzoo==1.22.3", "gymnasium", "numpy"]],
+                       lambda python: imported_version(python, "pettingzoo", "pettingzoo"), "1.22.3")
+
+
+def test_an_older_pettingzoo_is_named_with_the_version_needed(pz122_python):
+    # pettingzoo 1.22 spells the base class BaseParallelWraper: the import used to say PettingZoo is not installed
+    out = _import_pettingzoo_module(pz122_python)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "ImportError: stepledger.pettingzoo needs PettingZoo %s or newer, and pettingzoo 1.22.3 is installed: pip "
+        "install -U \"pettingzoo>=%s\" (or pip install \"plugrl-stepledger[pettingzoo]\")"
+        % (PETTINGZOO_NEEDS, PETTINGZOO_NEEDS)), out.stderr
+
+
+def test_no_pettingzoo_is_said_so(tmp_path):
+    out = _import_pettingzoo_module(sys.executable, hiding("pettingzoo") + "import importlib.metadata as m\n"
+                                    "m.version = lambda name: (_ for _ in ()).throw(m.PackageNotFoundError(name))\n")
+    assert out.stderr.strip().splitlines()[-1] == (
+        "ImportError: stepledger.pettingzoo needs PettingZoo %s or newer, and it is not installed: pip install "
+        "\"plugrl-stepledger[pettingzoo]\" (or pip install \"pettingzoo>=%s\")" % (PETTINGZOO_NEEDS, PETTINGZOO_NEEDS))
+
+
+def test_the_version_needed_is_the_extras():
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["pettingzoo"]
+    assert "pettingzoo>=%s" % PETTINGZOO_NEEDS in extra

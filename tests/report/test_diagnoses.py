@@ -17,6 +17,8 @@ from stepledger.recording.placement import outer_env_wrappers, value_changing_wr
 
 INDEX_Q = "is index= each env's position in the vector env?"
 PLACE = "put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in the worker"
+NOT_CHECKED = "no longer checked (a fault in it would no longer show)"
+FIELD_WORDS = {"obs": "observations", "reward": "rewards", "action": "actions"}
 
 
 def _env(i, d, index, limit=10, fault=None, dose="one", at=3, live=False, outer_limit=None, fault_env=None, **kw):
@@ -121,9 +123,9 @@ def test_gymnasium_wrapper_inside_the_ledger_warns_once_and_compare_hints(tmp_pa
     assert "%s(LedgerVectorEnv(envs, path))" % name in str(ours[0].message)
     lines = str(compare(d, t)).splitlines()
     assert "3 of 3 envs differ" in lines
-    assert lines[-1].startswith("hint: all 3 envs differ in %s from their first events: a wrapper between the two "
-                                "ledgers that changes " % field), lines
-    assert lines[-1].endswith(PLACE)
+    assert lines[-1] == ("hint: all 3 envs differ in %s from their first events: %s, between the two ledgers, changes "
+                         "%s on purpose; if that change is all there is, %s; what %s then does is %s"
+                         % (field, name, FIELD_WORDS[field], PLACE, name, NOT_CHECKED)), lines
 
 
 def test_check_wrappers_false_silences_the_warning(tmp_path):
@@ -150,8 +152,8 @@ def test_a_wrapper_around_ledgerenv_in_the_vector_envs_warns(tmp_path, check):
         return
     assert ours == ["LedgerVectorEnv: FrameStackObservation wraps LedgerEnv in the vector env's envs and changes "
                     "values on purpose, so the envs will differ from their first events; " + PLACE +
-                    " (e.g. LedgerEnv(FrameStackObservation(env), directory, index=i)), or pass check_wrappers=False "
-                    "if you mean to check through it"]
+                    " (e.g. LedgerEnv(FrameStackObservation(env), directory, index=i)): what it then does, part of "
+                    "the env, is " + NOT_CHECKED + "; or pass check_wrappers=False if you mean to check through it"]
 
 
 def test_wrappers_inside_ledgerenv_are_not_named(tmp_path):
@@ -215,9 +217,216 @@ def test_sb3_vecnormalize_inside_the_ledger_compare_hint(tmp_path):
         venv.step(np.zeros((2, 1), np.float32))
     venv.close()
     lines = str(compare(d, os.path.join(d, "trainer.npz"))).splitlines()
-    assert lines[-1].startswith("hint: all 2 envs differ in obs from their first events: a wrapper between the two "
-                                "ledgers that changes observations on purpose (")
-    assert "VecNormalize" in lines[-1]
+    assert lines[-1] == ("hint: all 2 envs differ in obs from their first events: VecNormalize, between the two "
+                         "ledgers, changes observations on purpose; if that change is all there is, %s; what "
+                         "VecNormalize then does is %s" % (PLACE, NOT_CHECKED))
+
+
+# ---------------------------------------------------------------- wrappers not known to change values (issue 24)
+
+class Float16Obs(gym.vector.VectorObservationWrapper):
+    """A user's own wrapper that rounds observations through float16: a real fault, not a known normalizer."""
+
+    def observations(self, observations):
+        return observations.astype(np.float16).astype(np.float32)
+
+
+class Float16Plain(gym.vector.VectorWrapper):
+    """The same fault in a plain VectorWrapper."""
+
+    def reset(self, **kw):
+        obs, info = self.env.reset(**kw)
+        return obs.astype(np.float16).astype(np.float32), info
+
+    def step(self, actions):
+        obs, *rest = self.env.step(actions)
+        return (obs.astype(np.float16).astype(np.float32), *rest)
+
+
+class DeclaredFloat16(Float16Obs):
+    stepledger_changes_values = ("obs",)  # the user says it rounds observations on purpose
+
+
+def _checked_warning(name, owner="LedgerVectorEnv", outside=False):
+    where = "wraps LedgerEnv in the vector env's envs" if outside else "sits between this ledger and the vector env"
+    example = ("LedgerEnv(%s(env), directory, index=i)" % name if outside else "%s(%s(envs, path))" % (name, owner))
+    return ("%s: %s %s, on the checked side: the values it changes are reported as differences, and those are its "
+            "doing; move it %s (e.g. %s) only if its change is intended: what it does is then %s. A wrapper of "
+            "yours that changes values on purpose: deliberate_wrappers=[%s] (or stepledger_changes_values = True on "
+            "its class); check_wrappers=False silences this" % (owner, name, where, "inside LedgerEnv" if outside
+                                                                  else "out", example, NOT_CHECKED, name))
+
+
+def _checked_hint(name, n, field="obs", outside=False):
+    return ("hint: all %d envs differ in %s from their first events: %s sits between the two ledgers, on the checked "
+            "side, and the differences are its doing; move it %s only if its change is intended: what it then does "
+            "is %s" % (n, field, name, "inside LedgerEnv" if outside else "out of the two ledgers", NOT_CHECKED))
+
+
+def _ours(caught):
+    return [str(w.message) for w in caught if "check_wrappers=False" in str(w.message)]
+
+
+@pytest.mark.parametrize("wrapper", [Float16Obs, Float16Plain])
+def test_a_users_wrapper_is_on_the_checked_side_not_deliberate(tmp_path, wrapper):
+    # the issue's case: a VectorObservationWrapper of the user's own between AsyncVectorEnv and LedgerVectorEnv
+    # was called a wrapper that changes values on purpose, and the advice moved the fault out of sight; the same
+    # in a plain VectorWrapper got no warning at all
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d, t = run(str(tmp_path), n=2, steps=5, wrap=wrapper, vector=gym.vector.AsyncVectorEnv)
+    assert _ours(caught) == [_checked_warning(wrapper.__name__)]
+    assert "changes values on purpose, so" not in _ours(caught)[0]
+    lines = str(compare(d, t)).splitlines()
+    assert lines[-1] == _checked_hint(wrapper.__name__, 2), lines
+    assert "on purpose" not in lines[-1]
+
+
+@pytest.mark.parametrize("how", ["keyword", "class name", "class attribute"])
+def test_a_wrapper_the_user_declares_is_deliberate(tmp_path, how):
+    wrapper = DeclaredFloat16 if how == "class attribute" else Float16Obs
+    kw = {"keyword": {"deliberate_wrappers": [Float16Obs]}, "class name": {"deliberate_wrappers": "Float16Obs"},
+          "class attribute": {}}[how]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d, t = run(str(tmp_path), n=2, steps=5, wrap=wrapper, trainer_kw=kw)
+    name = wrapper.__name__
+    assert _ours(caught) == [
+        "LedgerVectorEnv: %s sits between this ledger and the vector env and changes values on purpose, so the envs "
+        "will differ from their first events; %s (e.g. %s(LedgerVectorEnv(envs, path))): what it then does, outside "
+        "the ledgers, is %s; or pass check_wrappers=False if you mean to check through it"
+        % (name, PLACE, name, NOT_CHECKED)]
+    lines = str(compare(d, t)).splitlines()
+    assert lines[-1] == ("hint: all 2 envs differ in obs from their first events: %s, between the two ledgers, "
+                         "changes observations on purpose; if that change is all there is, %s; what %s then does is "
+                         "%s" % (name, PLACE, name, NOT_CHECKED))
+
+
+def test_deliberate_wrappers_refuses_what_is_not_a_class(tmp_path):
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
+    with pytest.raises(ValueError) as err:
+        LedgerVectorEnv(envs, str(tmp_path / "t.npz"), deliberate_wrappers=[3])
+    assert str(err.value) == "LedgerVectorEnv: deliberate_wrappers must be wrapper classes or class names, got 3"
+    envs.close()
+
+
+def test_a_deliberate_wrapper_of_another_field_is_not_blamed(tmp_path):
+    # NormalizeReward changes rewards on purpose; the observations that differ are Float16Obs's doing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d, t = run(str(tmp_path), n=2, steps=5, wrap=lambda e: gym.wrappers.vector.NormalizeReward(Float16Obs(e)))
+    assert len(_ours(caught)) == 2
+    lines = str(compare(d, t)).splitlines()
+    assert lines[-1] == _checked_hint("Float16Obs", 2), lines
+
+
+class RoundingWrapper(gym.Wrapper):
+    """A user's single-env wrapper outside LedgerEnv, rounding observations through float16."""
+
+    def reset(self, **kw):
+        obs, info = self.env.reset(**kw)
+        return obs.astype(np.float16).astype(np.float32), info
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        return (obs.astype(np.float16).astype(np.float32), *rest)
+
+
+def test_a_users_wrapper_around_ledgerenv_is_on_the_checked_side(tmp_path):
+    def make(i):
+        return RoundingWrapper(LedgerEnv(gym.make("Pendulum-v1"), str(tmp_path), index=i))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = LedgerVectorEnv(gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(2)]),
+                               str(tmp_path / "trainer.npz"))
+    assert _ours(caught) == [_checked_warning("RoundingWrapper", outside=True)]
+    envs.reset(seed=0)
+    envs.step(np.zeros((2, 1), np.float32))
+    envs.close()
+    lines = str(compare(str(tmp_path), str(tmp_path / "trainer.npz"))).splitlines()
+    assert lines[-1] == _checked_hint("RoundingWrapper", 2, outside=True), lines
+
+
+def test_wrappers_that_only_watch_get_no_warning(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(str(tmp_path), n=2, steps=2, wrap=gym.wrappers.vector.RecordEpisodeStatistics)
+    assert _ours(caught) == []
+
+
+def test_a_hint_without_named_wrappers_says_what_a_move_stops_checking(tmp_path):
+    # in AsyncVectorEnv's workers, a wrapper around LedgerEnv is out of the trainer side's sight: the hint
+    # names no wrapper, calls none deliberate, and says what moving one out would stop checking
+    def make(i):
+        return RoundingWrapper(LedgerEnv(gym.make("Pendulum-v1"), str(tmp_path), index=i))
+    envs = LedgerVectorEnv(gym.vector.AsyncVectorEnv([functools.partial(make, i) for i in range(2)]),
+                           str(tmp_path / "trainer.npz"))
+    envs.reset(seed=0)
+    envs.step(np.zeros((2, 1), np.float32))
+    envs.close()
+    lines = str(compare(str(tmp_path), str(tmp_path / "trainer.npz"))).splitlines()
+    assert lines[-1] == (
+        "hint: all 2 envs differ in obs from their first events: something between the two ledgers changes "
+        "observations from the first events on: a wrapper that changes them on purpose (NormalizeObservation, "
+        "TransformObservation, FrameStackObservation, VecNormalize, VecFrameStack, VecTransposeImage, ...) does "
+        "that, and so does a fault in anything else between them; only if the change is intended, move that "
+        "wrapper out: %s; what it then does is %s" % (PLACE, NOT_CHECKED)), lines
+
+
+def test_the_known_wrappers_cover_gymnasiums_wrappers():
+    # every wrapper class Gymnasium exports (single-env and vector) is in the one table, as changing values on
+    # purpose or as only watching; a Gymnasium release that adds one makes this fail
+    import importlib
+
+    from stepledger.known_wrappers import KNOWN
+    missing = []
+    for module in ("gymnasium.wrappers", "gymnasium.wrappers.vector"):
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            try:
+                obj = getattr(mod, name)
+            except ImportError:  # the array conversions need jax or torch extras; their names are in the table
+                assert name in KNOWN["gymnasium"], name
+                continue
+            if isinstance(obj, type) and issubclass(obj, (gym.Wrapper, gym.vector.VectorWrapper)):
+                if name not in KNOWN["gymnasium"]:
+                    missing.append("%s.%s" % (module, name))
+    assert missing == []
+
+
+def test_sb3_vecnormalize_is_deliberate_and_a_users_vecenvwrapper_is_checked(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecEnvWrapper, VecNormalize
+
+    from stepledger.sb3 import LedgerVecEnv
+
+    class Float16VecEnv(VecEnvWrapper):
+        def reset(self):
+            return self.venv.reset().astype(np.float16).astype(np.float32)
+
+        def step_wait(self):
+            obs, *rest = self.venv.step_wait()
+            return (obs.astype(np.float16).astype(np.float32), *rest)
+
+    for wrap, name, deliberate in ((VecNormalize, "VecNormalize", True), (Float16VecEnv, "Float16VecEnv", False)):
+        d = str(tmp_path / name)
+        venv = wrap(DummyVecEnv([functools.partial(_env, i, d, i) for i in range(2)]))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            venv = LedgerVecEnv(venv, os.path.join(d, "trainer.npz"))
+        venv.reset()
+        for _ in range(3):
+            venv.step(np.zeros((2, 1), np.float32))
+        venv.close()
+        lines = str(compare(d, os.path.join(d, "trainer.npz"))).splitlines()
+        if deliberate:
+            assert _ours(caught)[0].startswith("LedgerVecEnv: VecNormalize sits between this ledger and the vector "
+                                               "env and changes values on purpose")
+            assert lines[-1].startswith("hint: all 2 envs differ in obs from their first events: VecNormalize, "
+                                        "between the two ledgers, changes observations on purpose")
+        else:
+            assert _ours(caught) == [_checked_warning(name, owner="LedgerVecEnv")]
+            assert lines[-1] == _checked_hint(name, 2), lines
 
 
 # ---------------------------------------------------------------- TimeLimit outside LedgerEnv
@@ -228,7 +437,8 @@ def test_time_limit_outside_ledger_env_hint(tmp_path):
     assert lines[0] == "env 0, episode 0, step 7: truncated differs (env gave False, trainer received True)"
     assert lines[-1] == ("hint: only truncated differs, and the trainer received True where the env gave False: a "
                          "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put "
-                         "LedgerEnv outermost in the worker, after TimeLimit")
+                         "LedgerEnv outermost in the worker, after TimeLimit: its episode ends are then the env's, "
+                         "and only their way to the trainer is checked")
 
 
 def test_a_truncation_fault_of_another_kind_gets_no_time_limit_hint(tmp_path):
@@ -336,3 +546,27 @@ def test_no_overwrite_warning_for_flush_then_close_or_a_rerun(tmp_path):
             env.step(np.zeros(1, np.float32))
             env.close()
     assert not [w for w in caught if "written by another LedgerEnv" in str(w.message)]
+
+
+def test_the_value_changing_wrappers_are_listed_once():
+    # one table (stepledger/known_wrappers.py): no other module holds a wrapper's name as a string of its own
+    # (a list entry), and the examples the hints name are the table's, for the field they name
+    import ast
+    import pathlib
+
+    import stepledger
+    from stepledger import wording
+    from stepledger.known_wrappers import KNOWN
+    names = {n for table in KNOWN.values() for n in table}
+    package = pathlib.Path(stepledger.__file__).parent
+    listed = []
+    for path in package.rglob("*.py"):
+        if path.name == "known_wrappers.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                listed.append("%s: %r" % (path.name, node.value))
+    assert listed == []
+    for field, text in wording.WRAPPERS_BY_FIELD.items():
+        for name in text.replace(", ...", "").split(", "):
+            assert field in (KNOWN["gymnasium"].get(name) or KNOWN["stable_baselines3"][name]), (field, name)
