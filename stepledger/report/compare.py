@@ -135,6 +135,14 @@ class Report(DifferenceReport):
         # did not end cleanly, ledgers of other runs left out, ledgers still being written.
         self.notes = list(notes)
         self.trainer_files = []  # the names of the trainer files compared
+        # (file name, why) of files in the env directory named like env ledgers that could not be read as one:
+        # not compared (their lines are among the notes); the command exits 3 where nothing else differs
+        self.unread = []
+
+    @property
+    def complete(self):
+        """True when every file named like an env ledger was read and compared."""
+        return not self.unread
 
     def by_env(self):
         return {d.env: d for d in self.differences}
@@ -164,7 +172,8 @@ class Report(DifferenceReport):
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
                 "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
                 "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes),
-                "trainer_files": list(self.trainer_files)}
+                "trainer_files": list(self.trainer_files), "complete": self.complete,
+                "unread": [{"file": name, "why": why} for name, why in self.unread]}
 
 
 
@@ -723,7 +732,8 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                      or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
-        env_ledger = read_ledger(env_dir, accept)
+        unread = []  # files named like env ledgers that are not: named, and the rest compared
+        env_ledger = read_ledger(env_dir, accept, unread)
     except LedgerError:
         tr_ledger.close()
         raise
@@ -738,7 +748,11 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             raise LedgerError(wording.wrong_order(env_dir, trainer_file))
         check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
         meta = env_ledger.meta
+        # an env ledger file given in the directory's place: the envs it holds are compared, and only they
+        alone = None if _names_a_directory(env_dir) else sorted(env_ledger.streams)
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
+        recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
+        notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
         for name, idx, dup_meta in env_ledger.duplicates:
             notes.append(wording.recorded_twice(name, idx))
         notes += _unindexed_notes(env_ledger, tr_ledger)
@@ -748,11 +762,18 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                 notes.append(wording.told_position(idx, position))
         # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
         # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
-        envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
+        envs = sorted(set(env_ledger.streams) | recorded)
+        if alone is not None:
+            others = [e for e in envs if e not in env_ledger.streams]
+            if others:
+                notes.append(wording.env_file_alone(env_dir, alone, others, _agents_of(env_ledger.streams[alone[0]])
+                                                    if alone else None))
+            envs = alone
         overlaps = getattr(tr_ledger, "overlaps", {})
         differences = []
         hint = False
-        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped} - {None}
+        # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
+        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
         uncompared = set()
         for k, e in enumerate(envs):
             if progress is not None:
@@ -819,6 +840,7 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
                 d.agents = _agents_of(on_env_side[0])
         report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
+        report.unread = list(unread)
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

@@ -366,7 +366,7 @@ def read(path):
     return read_ledger(path)
 
 
-def read_ledger(path, accept=None):
+def read_ledger(path, accept=None, unread=None):
     """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
 
     ``accept`` returns None to read a file, or the reason it is left out (it is
@@ -377,10 +377,15 @@ def read_ledger(path, accept=None):
     written by a LedgerEnv that had no index at its first event, are in
     ``ledger.unindexed`` as (name, meta, events, its first events' columns)
     when accepted, else skipped; they are never a stream.
+
+    ``unread``, a list, takes (name, why) of each file of a directory that is named like an env ledger
+    (``env-N.npz``, ``env-unindexed-*.npz``) but cannot be read as one (a stray file, a damaged one), and the
+    others are read; without it such a file is refused (LedgerError). A directory where no env ledger can be
+    read is refused either way.
     """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path):
-        return _read_url(path, accept)
+        return _read_url(path, accept, unread)
     if os.path.isdir(path) and not path.endswith(".spill"):
         names, duplicates, unindexed = set(), [], set()
         for entry in os.listdir(path):
@@ -406,8 +411,21 @@ def read_ledger(path, accept=None):
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
         files, streams, meta, partial, skipped, dups = [], {}, None, False, [], []
         origin = {}  # env index -> the file its stream was read from
+        refused = []  # (name, the LedgerError) of files named like env ledgers that cannot be read as one
+
+        def open_file(name):
+            try:
+                return _read_file(os.path.join(path, name))
+            except LedgerError as exc:
+                if unread is None:
+                    raise
+                refused.append((name, exc))
+                return None
+
         for name in sorted(names, key=lambda n: int(_ENV_FILE.match(n).group(1))):
-            sub = _read_file(os.path.join(path, name))
+            sub = open_file(name)
+            if sub is None:
+                continue
             reason = accept(sub.meta, name) if accept else None
             if reason:
                 skipped.append((name, reason))
@@ -438,7 +456,10 @@ def read_ledger(path, accept=None):
                 dups.append((name, int(_DUP_FILE.match(name).group(1)), dup_meta))
         lost = []
         for name in sorted(unindexed):
-            with _read_file(os.path.join(path, name)) as sub:
+            sub = open_file(name)
+            if sub is None:
+                continue
+            with sub:
                 reason = accept(sub.meta, name) if accept else None
                 if reason:
                     skipped.append((name, reason))
@@ -447,6 +468,10 @@ def read_ledger(path, accept=None):
                 n = len(stream) if stream is not None else 0
                 first = {k: np.asarray(v) for k, v in _first_rows(stream).items()} if n else None
                 lost.append((name, dict(sub.meta), n, first))
+        if refused:
+            if meta is None and not skipped:
+                raise refused[0][1]  # nothing there can be read: the first file's error
+            unread += [(name, _why(exc, os.path.join(path, name))) for name, exc in refused]
         if meta is None:
             ledger = Ledger(path, {}, {}, False, [])
         else:
@@ -472,6 +497,12 @@ def _first_rows(stream):
     return {n: np.concatenate(v) for n, v in parts.items()}
 
 
+def _why(exc, path):
+    """A LedgerError's message without the path it starts with."""
+    text = str(exc)
+    return text[len(path) + 2:] if text.startswith(path + ": ") else text
+
+
 def _named(names):
     return ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
 
@@ -491,7 +522,7 @@ def _read_file(path):
     return Ledger(path, meta, streams, partial, files)
 
 
-def _read_url(url, accept=None):
+def _read_url(url, accept=None, unread=None):
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
     The copy is removed when the Ledger is closed. Error messages name the URL.
@@ -516,7 +547,7 @@ def _read_url(url, accept=None):
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
             storage.fetch(url, local)
             storage.fetch_all(_segment_copies(url, local))
-        ledger = read_ledger(local, accept)
+        ledger = read_ledger(local, accept, unread)
     except LedgerError as exc:
         tmp.cleanup()
         raise type(exc)(str(exc).replace(local, url)) from None
@@ -635,8 +666,7 @@ def read_trainers(spec):
             except LedgerError as exc:
                 if strict:
                     raise
-                why = str(exc)
-                why = why[len(str(p)) + 2:] if why.startswith(str(p) + ": ") else why
+                why = _why(exc, str(p))
                 passed.append("%s: not read as a trainer ledger (%s)" % (p, why))
                 continue
             if led.side != "trainer":
