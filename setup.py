@@ -3,9 +3,9 @@ runs on its pure-Python core (stepledger/_fallback.py).
 
 The core is three C units: the translated _core.pyx, and the digests of several
 messages at once for AVX2 (_blake2b_x4.c) and AVX-512 (_blake2b_x8.c). They
-compile side by side, one per core (OptionalBuildExt), without debug info
-(-g0, which changes no instruction), so that a first install takes about 20 s
-on 2 cores rather than a minute or more (docs/COST.md).
+compile side by side, one per CPU (compile_side_by_side), without debug info
+(-g0, which changes no instruction): on 2 idle cores the compile takes about
+18 s rather than 44 s (docs/COST.md, "The first install").
 """
 
 import glob

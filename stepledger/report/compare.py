@@ -713,6 +713,10 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
     argument may be an fsspec URL (``s3://...``), read from a local copy.
     ``progress(done, total)``, if given, is called as the envs are compared.
 
+    ``env_dir`` may also be one env ledger file: the envs it holds are compared, and only they (a line
+    names the trainer side's others). A file of ``env_dir`` named like an env ledger that cannot be read
+    as one (a stray file, a damaged one) is left out with a line, its env not compared, and listed in
+    ``report.unread`` (``report.complete`` is then False; the command exits 3 where nothing differs).
     Env ledgers of another run in ``env_dir`` are left out, with a line each.
     Where a run did not end cleanly (Ctrl-C, a signal, no close(), or still
     going), streams that agree as far as both go but end at different points
@@ -828,7 +832,8 @@ def compare(env_dir, trainer_file, count_all=False, progress=None):
             env_ledger.verify(differing)
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
-        notes += tr_lines + [n for n in tr_notes if n] + _env_notes(env_ledger, env_dir)
+        notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
+            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".")
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
         agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
