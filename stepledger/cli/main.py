@@ -349,7 +349,7 @@ def _junit_of_error(path, name, message):
     step that collects the file finds it. Nothing if it cannot be written (the error line says enough)."""
     if not path:
         return
-    from .junit import write_junit_error
+    from stepledger.report.junit import write_junit_error
     try:
         write_junit_error(path, name, message)
     except (OSError, ValueError):
