@@ -7,6 +7,7 @@ is worded by ``difference_line`` from the texts of ``event_values``.
 """
 
 import json
+import re
 import time
 
 import numpy as np
@@ -624,6 +625,36 @@ def spill_next_to_final(n_segments, final):
 
 def not_compared(name, reason):
     return "%s %s: not compared" % (name, reason)
+
+
+def not_read(name, why, on_trainer_side):
+    """compare: a file of the env directory named like an env ledger that cannot be read as one (a stray file, a
+    damaged one); the rest is compared, and the command exits 3 where nothing else differs."""
+    index = _ENV_INDEX.match(name)
+    what = "env %s is not compared" % index.group(1) if index and on_trainer_side else "not compared"
+    return "%s: not read, so %s: %s" % (name, what, why)
+
+
+_ENV_INDEX = re.compile(r"^env-(\d+)\.")
+
+
+def _indices(items):
+    """``[1, 2, 3]`` as "1 to 3", ``[1, 3]`` as "1 and 3"; at most four named."""
+    items = list(items)
+    if len(items) > 2 and items == list(range(items[0], items[-1] + 1)):
+        return "%d to %d" % (items[0], items[-1])
+    if len(items) <= 4:
+        return _and([str(i) for i in items])
+    return "%s and %d more" % (", ".join(str(i) for i in items[:4]), len(items) - 4)
+
+
+def env_file_alone(path, compared, others, agents=None):
+    """compare: an env ledger file given in the env directory's place is compared alone: the streams it holds,
+    not the trainer side's others."""
+    kind = "agent stream" if agents else "env"
+    plural = lambda items: kind + ("s" if len(items) != 1 else "")  # noqa: E731
+    return ("%s given alone: %s %s compared, not the trainer side's %s %s" % (
+        path, plural(compared), _indices(compared), plural(others), _indices(others)))
 
 
 def recorded_twice(name, index):

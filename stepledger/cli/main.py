@@ -1,9 +1,11 @@
 """The ``stepledger`` command (also ``python -m stepledger``).
 
-Exit codes: 0 no difference, 1 a difference, 2 cannot compare (or bad usage).
-With ``--json`` stdout always holds one JSON object, also on exit 2
-(``{"ok": false, "error": "..."}``). Progress goes to stderr, and only when
-stderr is a terminal.
+Exit codes: 0 no difference, 1 a difference, 2 cannot compare (or bad usage),
+3 no difference among what was compared, but a file named like an env ledger
+could not be read and was not compared. With ``--json`` stdout always holds one
+JSON object, also on exit 2 (``{"ok": false, "error": "..."}``); with
+``--junit FILE`` the file is written on exit 2 too, one failing test case that
+carries the error. Progress goes to stderr, and only when stderr is a terminal.
 """
 
 import argparse
@@ -19,16 +21,19 @@ from stepledger.__about__ import __version__
 from stepledger.errors import LedgerError
 from stepledger.cli.progress import Progress
 
-EXIT_OK, EXIT_DIFFER, EXIT_CANNOT = 0, 1, 2
+EXIT_OK, EXIT_DIFFER, EXIT_CANNOT, EXIT_NOT_ALL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
 
 _JSON_ERRORS = [False]  # set when the command line asks for --json, so that usage errors print JSON too
+_ARGV = [None]  # the command line being run, so that a usage error writes its --junit file too
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors exit 2 with one line (argparse adds the usage too)
         if _JSON_ERRORS[0]:
             print(_jsonout.dumps({"ok": False, "error": "%s: %s" % (self.prog, message)}))
+        if _ARGV[0] is not None:
+            _junit_of_error(_junit_in(_ARGV[0]), self.prog, "%s: %s" % (self.prog, message))
         self.exit(EXIT_CANNOT, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
 
 
@@ -62,7 +67,9 @@ def _report(args, command, check):
         from stepledger.report.junit import write_junit
         write_junit(args.junit, report, "stepledger %s" % command)
     print(report.to_json() if args.json else str(report))
-    return EXIT_OK if report.ok else EXIT_DIFFER
+    if not report.ok:
+        return EXIT_DIFFER
+    return EXIT_OK if getattr(report, "complete", True) else EXIT_NOT_ALL
 
 
 def _compare(args):
@@ -165,9 +172,11 @@ def build_parser():
                            "stepledger compare ledger ledger/trainer.npz --json --junit report.xml",
                            "stepledger compare ledger 'ledger/trainer-*.npz'",
                            "stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)"],
-                 footer="exit codes: 0 no difference, 1 a difference, 2 cannot compare\n"
+                 footer="exit codes: 0 no difference, 1 a difference, 2 cannot compare, 3 no difference in what was "
+                        "compared, but a file named like an env ledger could not be read (the report names it)\n"
                         "how to read the report: stepledger docs report")
-    c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
+    c.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into; or one env-N.npz, to compare "
+                                   "that env alone")
     c.add_argument("trainer_file", nargs="+", metavar="TRAINER_FILE",
                    help="the file LedgerVectorEnv, LedgerVecEnv or TrainerLedger wrote; or several, a glob of them "
                         "(quoted, so that a learner killed before its final file is found by its segments), or a "
@@ -178,7 +187,8 @@ def build_parser():
                    help="also count, per env and field, the events that differ after the first, and say where "
                         "they fall")
     c.add_argument("--junit", metavar="FILE",
-                   help="also write a JUnit XML report to FILE, one test case per env")
+                   help="also write a JUnit XML report to FILE, one test case per env (on exit 2, one failing "
+                        "test case that carries the error)")
 
     s = _command(sub, "show", _show, "describe a ledger file or an env directory",
                  description="Print a ledger's meta, its streams and their event and episode counts.",
@@ -289,7 +299,8 @@ def _add_check(sub):
     c.add_argument("--dir", help="where to write the ledgers (default: a temporary directory, removed when the "
                                  "check passes)")
     c.add_argument("--keep", action="store_true", help="keep the temporary directory even when the check passes")
-    c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per fault")
+    c.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per fault "
+                                                   "(on exit 2, one failing test case that carries the error)")
 
 
 def _episodes(args):
@@ -310,7 +321,8 @@ def _add_episodes(sub):
     e.add_argument("env_dir", help="the directory LedgerEnv wrote env-N.npz into")
     e.add_argument("log", help="monitor.csv, a directory of N.monitor.csv, or EpisodeLogTap's .npz")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
-    e.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per env")
+    e.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE, one test case per env "
+                                                   "(on exit 2, one failing test case that carries the error)")
     e.add_argument("--env", type=int, help="the env index of a log that names none (a single Monitor's file)")
     e.add_argument("--match", choices=("auto", "env", "order", "multiset"), default="auto",
                    help="how to pair logged and recorded episodes (auto: per env if the log knows the env, "
@@ -323,11 +335,37 @@ def _add_episodes(sub):
 _EXTRA_COMMANDS = [_add_demo, _add_check, _add_episodes, _add_push]
 
 
+def _junit_in(argv):
+    """The FILE of ``--junit FILE`` (or ``--junit=FILE``) in a command line, or None."""
+    for k, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--junit" and k + 1 < len(argv):
+            return argv[k + 1]
+        if arg.startswith("--junit="):
+            return arg[len("--junit="):]
+    return None
+
+
+def _junit_of_error(path, name, message):
+    """Exit 2 with --junit: the file all the same, one failing test case that carries the error, so that a CI
+    step that collects the file finds it. Nothing if it cannot be written (the error line says enough)."""
+    if not path:
+        return
+    from stepledger.report.junit import write_junit_error
+    try:
+        write_junit_error(path, name, message)
+    except (OSError, ValueError):
+        pass
+
+
 def _cannot(args, message):
-    """Exit 2: one line on stderr, and with --json an error object on stdout."""
+    """Exit 2: one line on stderr, with --json an error object on stdout, with --junit a failing test case."""
     message = " ".join(str(message).split())
     if getattr(args, "json", False):
         print(_jsonout.dumps({"ok": False, "error": message}))
+    if getattr(args, "junit", None):
+        _junit_of_error(args.junit, "stepledger %s" % args.command, message)
     print("stepledger: %s" % message, file=sys.stderr)
     return EXIT_CANNOT
 
@@ -335,6 +373,7 @@ def _cannot(args, message):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     _JSON_ERRORS[0] = "--json" in argv
+    _ARGV[0] = argv
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -359,6 +398,7 @@ def main(argv=None):
         return EXIT_BROKEN_PIPE
     finally:
         _JSON_ERRORS[0] = False
+        _ARGV[0] = None
 
 
 if __name__ == "__main__":

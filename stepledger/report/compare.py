@@ -154,6 +154,14 @@ class Report(DifferenceReport):
         # did not end cleanly, ledgers of other runs left out, ledgers still being written.
         self.notes = list(notes)
         self.trainer_files: list[str] = []  # the names of the trainer files compared
+        # (file name, why) of files in the env directory named like env ledgers that could not be read as one:
+        # not compared (their lines are among the notes); the command exits 3 where nothing else differs
+        self.unread: list[tuple[str, str]] = []
+
+    @property
+    def complete(self) -> bool:
+        """True when every file named like an env ledger was read and compared."""
+        return not self.unread
 
     def by_env(self) -> dict[int, EnvDifference]:
         """The differences by env index."""
@@ -184,7 +192,8 @@ class Report(DifferenceReport):
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
                 "differences": [d.to_dict() for d in self.differences], "partial": self.partial,
                 "values_hint": self.values_hint, "hints": list(self.hints), "notes": list(self.notes),
-                "trainer_files": list(self.trainer_files)}
+                "trainer_files": list(self.trainer_files), "complete": self.complete,
+                "unread": [{"file": name, "why": why} for name, why in self.unread]}
 
 
 
@@ -750,6 +759,10 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
     argument may be an fsspec URL (``s3://...``), read from a local copy.
     ``progress(done, total)``, if given, is called as the envs are compared.
 
+    ``env_dir`` may also be one env ledger file: the envs it holds are compared, and only they (a line
+    names the trainer side's others). A file of ``env_dir`` named like an env ledger that cannot be read
+    as one (a stray file, a damaged one) is left out with a line, its env not compared, and listed in
+    ``report.unread`` (``report.complete`` is then False; the command exits 3 where nothing differs).
     Env ledgers of another run in ``env_dir`` are left out, with a line each.
     Where a run did not end cleanly (Ctrl-C, a signal, no close(), or still
     going), streams that agree as far as both go but end at different points
@@ -769,7 +782,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                      or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
-        env_ledger = read_ledger(env_dir, accept)
+        unread: list[tuple[str, str]] = []  # files named like env ledgers that are not: named, and the rest compared
+        env_ledger = read_ledger(env_dir, accept, unread)
     except LedgerError:
         tr_ledger.close()
         raise
@@ -784,7 +798,11 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             raise LedgerError(wording.wrong_order(env_dir, trainer_file))
         check_comparable(env_ledger.meta, tr_ledger.meta, env_dir, trainer_file)
         meta = env_ledger.meta
+        # an env ledger file given in the directory's place: the envs it holds are compared, and only they
+        alone = None if _names_a_directory(env_dir) else sorted(env_ledger.streams)
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
+        recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
+        notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
         for name, idx, dup_meta in env_ledger.duplicates:
             notes.append(wording.recorded_twice(name, idx))
         notes += _unindexed_notes(env_ledger, tr_ledger)
@@ -794,13 +812,19 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                 notes.append(wording.told_position(idx, position))
         # a trainer stream that never got an event, with no env ledger either: nothing was recorded of that
         # env on either side (a trainer ledger sized for more envs than it saw, as stepledger.rllib's is)
-        envs = sorted(set(env_ledger.streams) | {i for i, st in tr_ledger.streams.items() if len(st)})
+        envs = sorted(set(env_ledger.streams) | recorded)
+        if alone is not None:
+            others = [e for e in envs if e not in env_ledger.streams]
+            if others:
+                notes.append(wording.env_file_alone(env_dir, alone, others, _agents_of(env_ledger.streams[alone[0]])
+                                                    if alone else None))
+            envs = alone
         overlaps: dict[int, Overlap] = getattr(tr_ledger, "overlaps", {})
         differences: list[EnvDifference] = []
         hint = False
-        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped} - {None}
+        # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
+        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
         uncompared: set[int] = set()
-
         for k, e in enumerate(envs):
             if progress is not None:
                 progress(k, len(envs))
@@ -855,7 +879,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             env_ledger.verify(differing)
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
-        notes += tr_lines + [n for n in tr_notes if n] + _env_notes(env_ledger, env_dir)
+        notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
+            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".")
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
         agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
@@ -867,6 +892,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                 d.agents = _agents_of(on_env_side[0])
         report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
+        report.unread = list(unread)
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

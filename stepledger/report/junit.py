@@ -2,13 +2,16 @@
 
 One test suite. For ``stepledger compare`` and ``stepledger episodes``, one
 test case per env: it passes when the env agrees and fails with the report's
-line for it otherwise. For ``stepledger check``, one test case per fault.
-The report's other lines (the count line, notes and hints) are the suite's
-``system-out``.
+line for it otherwise, and a skipped one for each file named like an env
+ledger that could not be read (exit 3). For ``stepledger check``, one test
+case per fault. The report's other lines (the count line, notes and hints)
+are the suite's ``system-out``. When the command cannot run (exit 2), one
+failing test case, named as the command, that carries the error.
 """
 
 import os
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from stepledger.format.ledgerfile import atomic_file
 
@@ -38,8 +41,12 @@ def _by_env(report):
     for d in report.differences:
         if getattr(d, "env", None) is not None:
             lines.setdefault(d.env, []).append(d.line())
-    cases = [("env %d" % env, "\n".join(lines[env]) if env in lines else None) for env in report.envs]
+    cases: list[tuple[Any, ...]] = [("env %d" % env, "\n".join(lines[env]) if env in lines else None) for env in report.envs]
     own = {line for v in lines.values() for line in v}
+    for name, _ in getattr(report, "unread", ()):  # not compared: skipped, with the report's line on it
+        line = next(n for n in report.notes if n.startswith(name + ": "))
+        cases.append((name, None, line))
+        own.add(line)
     return cases, [line for line in report.lines() if line not in own]
 
 
@@ -61,7 +68,16 @@ def _by_fault(report):
 def write_junit(path, report, name):
     """Write ``report`` (compare, episodes or check) as JUnit XML to ``path``, atomically."""
     cases, other = _by_fault(report) if hasattr(report, "results") else _by_env(report)
-    tree = junit_tree(name, cases, other)
+    _write(path, junit_tree(name, cases, other))
+
+
+def write_junit_error(path, name, message):
+    """Write the JUnit XML of a command that could not run (exit 2): one failing test case, named ``name``
+    (``stepledger compare``), whose failure is ``message``, the line the command printed on stderr."""
+    _write(path, junit_tree(name, [(name, message)]))
+
+
+def _write(path, tree):
     ET.indent(tree)
     with atomic_file(os.fspath(path)) as f:
         tree.write(f, encoding="utf-8", xml_declaration=True)

@@ -389,7 +389,7 @@ def read(path: LedgerPath) -> Ledger:
     return read_ledger(path)
 
 
-def read_ledger(path: LedgerPath, accept: Accept | None = None) -> Ledger:
+def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
     """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
 
     ``accept`` returns None to read a file, or the reason it is left out (it is
@@ -400,10 +400,15 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None) -> Ledger:
     written by a LedgerEnv that had no index at its first event, are in
     ``ledger.unindexed`` as (name, meta, events, its first events' columns)
     when accepted, else skipped; they are never a stream.
+
+    ``unread``, a list, takes (name, why) of each file of a directory that is named like an env ledger
+    (``env-N.npz``, ``env-unindexed-*.npz``) but cannot be read as one (a stray file, a damaged one), and the
+    others are read; without it such a file is refused (LedgerError). A directory where no env ledger can be
+    read is refused either way.
     """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path):
-        return _read_url(path, accept)
+        return _read_url(path, accept, unread)
     if os.path.isdir(path) and not path.endswith(".spill"):
         names: set[str] = set()
         duplicates: list[str] = []
@@ -436,8 +441,21 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None) -> Ledger:
         skipped: list[tuple[str, str]] = []
         dups: list[tuple[str, int, Meta]] = []
         origin: dict[int, str] = {}  # env index -> the file its stream was read from
+        refused: list[tuple[str, LedgerError]] = []  # (name, the LedgerError) of files named like env ledgers that cannot be read as one
+
+        def open_file(name: str) -> Any:
+            try:
+                return _read_file(os.path.join(path, name))
+            except LedgerError as exc:
+                if unread is None:
+                    raise
+                refused.append((name, exc))
+                return None
+
         for name in sorted(names, key=_env_file_index):
-            sub = _read_file(os.path.join(path, name))
+            sub = open_file(name)
+            if sub is None:
+                continue
             reason = accept(sub.meta, name) if accept else None
             if reason:
                 skipped.append((name, reason))
@@ -468,7 +486,10 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None) -> Ledger:
                 dups.append((name, _dup_file_index(name), dup_meta))
         lost: list[tuple[str, Meta, int, Columns | None]] = []
         for name in sorted(unindexed):
-            with _read_file(os.path.join(path, name)) as sub:
+            sub = open_file(name)
+            if sub is None:
+                continue
+            with sub:
                 reason = accept(sub.meta, name) if accept else None
                 if reason:
                     skipped.append((name, reason))
@@ -477,6 +498,11 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None) -> Ledger:
                 n = len(only) if only is not None else 0
                 first = {k: np.asarray(v) for k, v in _first_rows(only).items()} if only is not None and n else None
                 lost.append((name, dict(sub.meta), n, first))
+        if refused:
+            if meta is None and not skipped:
+                raise refused[0][1]  # nothing there can be read: the first file's error
+            assert unread is not None  # refused is only filled where unread was given
+            unread += [(name, _why(exc, os.path.join(path, name))) for name, exc in refused]
         if meta is None:
             ledger = Ledger(path, {}, {}, False, [])
         else:
@@ -516,6 +542,12 @@ def _first_rows(stream: Stream) -> Columns:
     return {n: np.concatenate(v) for n, v in parts.items()}
 
 
+def _why(exc: Exception, path: str) -> str:
+    """A LedgerError's message without the path it starts with."""
+    text = str(exc)
+    return text[len(path) + 2:] if text.startswith(path + ": ") else text
+
+
 def _named(names: list[str]) -> str:
     return ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
 
@@ -535,7 +567,7 @@ def _read_file(path: str) -> Ledger:
     return Ledger(path, meta, streams, partial, files)
 
 
-def _read_url(url: str, accept: Accept | None = None) -> Ledger:
+def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
     The copy is removed when the Ledger is closed. Error messages name the URL.
@@ -560,7 +592,7 @@ def _read_url(url: str, accept: Accept | None = None) -> Ledger:
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
             storage.fetch(url, local)
             storage.fetch_all(_segment_copies(url, local))
-        ledger = read_ledger(local, accept)
+        ledger = read_ledger(local, accept, unread)
     except LedgerError as exc:
         tmp.cleanup()
         raise type(exc)(str(exc).replace(local, url)) from None
@@ -681,8 +713,7 @@ def read_trainers(spec: TrainerSpec) -> tuple[list[tuple[str, Ledger]], list[str
             except LedgerError as exc:
                 if strict:
                     raise
-                why = str(exc)
-                why = why[len(str(p)) + 2:] if why.startswith(str(p) + ": ") else why
+                why = _why(exc, str(p))
                 passed.append("%s: not read as a trainer ledger (%s)" % (p, why))
                 continue
             if led.side != "trainer":

@@ -360,3 +360,116 @@ def test_progress_of_the_episode_check_on_a_terminal(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "stepledger episodes, envs: 2 of 2" in err
     assert run_cli("episodes", d, str(log)).stderr == ""
+
+
+# ---------------------------------------------------------------- the command line in CI (issue 24)
+
+def _junit_cases(path):
+    root = ET.parse(path).getroot()
+    return root, root.findall("./testsuite/testcase")
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["compare", "{tmp}/nope", "{tmp}/nope/trainer.npz"], "stepledger compare"),
+    (["compare", "{d}", "{d}/trainer.npz", "{d}/nope.npz"], "stepledger compare"),
+    (["episodes", "{d}", "{tmp}/log.csv"], "stepledger episodes"),
+    (["check", "CartPole-v1", "--faults", "obs:nope"], "stepledger check"),
+    (["compare", "{d}"], "stepledger compare"),  # a usage error: argparse's line
+])
+def test_junit_on_exit_2_is_one_failing_case_with_the_error(faulty, tmp_path, argv, name):
+    d, _ = faulty
+    out = tmp_path / "ci" / "report.xml"
+    proc = run_cli(*[a.format(tmp=tmp_path, d=d) for a in argv], "--junit", str(out))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    root, cases = _junit_cases(out)
+    assert (root.get("tests"), root.get("failures")) == ("1", "1")
+    assert [c.get("name") for c in cases] == [name]
+    failure = cases[0].find("failure")
+    message = failure.get("message")
+    assert message == failure.text and message
+    # the error the command printed, without its "stepledger: " (argparse's line without its usage tail)
+    assert line == "stepledger: " + message or line.startswith(message.replace(": ", ": error: ", 1)), (line, message)
+
+
+def test_junit_on_exit_2_leaves_no_file_where_none_can_be_written(faulty, tmp_path):
+    d, t = faulty
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_cli("compare", str(tmp_path / "nope"), t, "--junit", str(blocker / "report.xml"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "stepledger: %s: no such file" % (tmp_path / "nope")]
+    assert blocker.read_text() == "x"
+
+
+def test_an_env_file_given_alone_compares_that_env(faulty):
+    d, t = faulty  # 3 envs, env 1's rewards rounded through float16 outside its LedgerEnv
+    env_0, env_1 = os.path.join(d, "env-0.npz"), os.path.join(d, "env-1.npz")
+    proc = run_cli("compare", env_0, t)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "0 of 1 envs differ",
+        "%s given alone: env 0 compared, not the trainer side's envs 1 and 2" % env_0]
+    proc = run_cli("compare", env_1, t, "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = strict_json(proc.stdout)
+    assert data["envs"] == [1] and [x["env"] for x in data["differences"]] == [1]
+    assert data["differences"][0]["line"].startswith("env 1, episode 0, step 4: reward differs")
+    assert data["notes"] == ["%s given alone: env 1 compared, not the trainer side's envs 0 and 2" % env_1]
+    whole = run_cli("compare", d, t)  # the directory: every env, as before
+    assert whole.returncode == 1 and "1 of 3 envs differ" in whole.stdout.splitlines()
+
+
+def test_a_stray_file_named_like_a_ledger_is_named_and_the_rest_compared(tmp_path):
+    d, t = pendulum_run(str(tmp_path / "run"), n_envs=3, steps=12)
+    with open(os.path.join(d, "env-9.npz"), "w") as f:
+        f.write("not a ledger\n")
+    proc = run_cli("compare", d, t)
+    note = "env-9.npz: not read, so not compared: not a ledger (13 bytes, too short for an .npz file)"
+    assert proc.returncode == 3 and proc.stderr == "", proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["0 of 3 envs differ", note]
+    proc = run_cli("compare", d, t, "--json", "--junit", str(tmp_path / "r.xml"))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    data = strict_json(proc.stdout)
+    assert data["ok"] is True and data["complete"] is False and data["envs"] == [0, 1, 2]
+    assert data["unread"] == [{"file": "env-9.npz", "why": "not a ledger (13 bytes, too short for an .npz file)"}]
+    assert data["notes"] == [note]
+    root, cases = _junit_cases(tmp_path / "r.xml")
+    assert [c.get("name") for c in cases] == ["env 0", "env 1", "env 2", "env-9.npz"]
+    assert root.get("failures") == "0" and cases[3].find("skipped").get("message") == note
+    # a file in the place of an env the trainer recorded: that env is not compared either (not a difference)
+    with open(os.path.join(d, "env-9.npz"), "rb") as f:
+        junk = f.read()
+    with open(os.path.join(d, "env-2.npz"), "wb") as f:
+        f.write(junk)
+    proc = run_cli("compare", d, t)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "0 of 2 envs differ",
+        "env-2.npz: not read, so env 2 is not compared: not a ledger (13 bytes, too short for an .npz file)",
+        note]
+    # a difference still exits 1, and the file not read is named all the same
+    e, tf = pendulum_run(str(tmp_path / "faulty"), n_envs=3, steps=12, fault_env=1)
+    with open(os.path.join(e, "env-9.npz"), "wb") as f:
+        f.write(junk)
+    proc = run_cli("compare", e, tf)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("env 1, episode 0, step 4: reward differs") and lines[1:] == ["1 of 3 envs differ", note]
+    # nothing there can be read: cannot compare, exit 2 with the first file's error
+    for name in ("env-0.npz", "env-1.npz", "env-2.npz"):
+        with open(os.path.join(e, name), "wb") as f:
+            f.write(junk)
+    proc = run_cli("compare", e, tf)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == "stepledger: %s: not a ledger (13 bytes, too short for an .npz file)" % \
+        os.path.join(e, "env-0.npz")
+
+
+def test_compare_help_documents_the_exit_codes():
+    proc = run_cli("compare", "--help")
+    text = " ".join(proc.stdout.split())
+    assert ("exit codes: 0 no difference, 1 a difference, 2 cannot compare, 3 no difference in what was compared, "
+            "but a file named like an env ledger could not be read (the report names it)") in text
+    assert "or one env-N.npz, to compare that env alone" in text

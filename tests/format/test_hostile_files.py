@@ -241,15 +241,25 @@ def test_device_fifo_and_directory_are_refused_at_once(clean_pair, tmp_path):
     assert_refused(cli("compare", env_dir, str(tmp_path / "dir.npz"), timeout=20), "no trainer ledgers")
 
 
+def assert_not_read(proc, name, *words):
+    """Exit 3: the rest compared and agreeing, one note naming the file that was not read, nothing on stderr."""
+    assert proc.returncode == 3 and proc.stderr == "", (proc.returncode, proc.stdout, proc.stderr)
+    notes = [line for line in proc.stdout.splitlines() if line.startswith(name + ": not read")]
+    assert len(notes) == 1 and all(w in notes[0] for w in words), proc.stdout
+    return notes[0]
+
+
 def test_special_files_inside_an_env_directory(clean_pair, tmp_path):
     import shutil
     env_dir, trainer = copy_pair(clean_pair, tmp_path / "pair")
+    # named like env 1's ledger, not one: env 1 is not compared, the others are (exit 3); show still refuses
     os.unlink(os.path.join(env_dir, "env-1.npz"))
     os.mkfifo(os.path.join(env_dir, "env-1.npz"))
-    assert_refused(cli("compare", env_dir, trainer, timeout=20), "env-1.npz", "a FIFO")
+    assert_not_read(cli("compare", env_dir, trainer, timeout=20), "env-1.npz", "env 1 is not compared", "a FIFO")
+    assert_refused(cli("show", env_dir, timeout=20), "env-1.npz", "a FIFO")
     os.unlink(os.path.join(env_dir, "env-1.npz"))
     os.symlink("/dev/zero", os.path.join(env_dir, "env-1.npz"))
-    assert_refused(cli("compare", env_dir, trainer, timeout=20), "env-1.npz", "character device")
+    assert_not_read(cli("compare", env_dir, trainer, timeout=20), "env-1.npz", "character device")
     os.unlink(os.path.join(env_dir, "env-1.npz"))
     os.mkdir(os.path.join(env_dir, "env-1.npz"))
     assert_refused(cli("episodes", env_dir, trainer, timeout=20), "env-1.npz", "is a directory")
