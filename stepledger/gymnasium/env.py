@@ -232,7 +232,11 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if not self._started:
             self._begin()  # before the env is reset: with live=True and no index, it refuses
-        obs, info = self._call(self.env.reset, seed=seed, options=options)
+        try:  # in place, not through _call: a vector env's autoreset calls this within its step
+            obs, info = self.env.reset(seed=seed, options=options)
+        except BaseException:
+            self._interrupted()
+            raise
         try:
             over = self._rec.reset(obs)
         except Exception as exc:  # the env's reset never raises because of the ledger

@@ -242,7 +242,11 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
     def reset(self, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[dict[Any, Any], dict[Any, dict[str, Any]]]:
         recorders = self._recorder()
-        obs, infos = self._call(self.env.reset, seed=seed, options=options)
+        try:  # in place, not through _call: SuperSuit's autoreset calls this within its step
+            obs, infos = self.env.reset(seed=seed, options=options)
+        except BaseException:
+            self._interrupted()
+            raise
         self._in_play = set()
         entered: list[Any] = []
         if self._enter(recorders, obs, (), entered):

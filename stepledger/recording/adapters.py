@@ -13,9 +13,11 @@ Gymnasium's ``VectorWrapper`` carries what every vector wrapper needs:
 
 Both mark the ledger interrupted when an exception escapes the wrapped env: ``self._call(fn, ...)``
 calls it so, and ``self._interrupted()`` is what a ``try``/``except BaseException`` written in place
-calls. The adapters' ``step`` (their per-step path) writes that ``try`` in place: since Python 3.11 a
-``try`` costs nothing until something is raised, and a call through ``_call`` would cost one Python
-call a step (benchmarks/overhead.py --instructions).
+calls. What runs within a vector step (an adapter's ``step``, and an env-side ``reset``, which a vector
+env's autoreset calls from its step) writes that ``try`` in place: since Python 3.11 a ``try`` costs
+nothing until something is raised, and a call through ``_call`` costs one Python call (about 330
+instructions, benchmarks/overhead.py --instructions). The trainer side's resets, once a run, use
+``_call``.
 """
 
 from __future__ import annotations
