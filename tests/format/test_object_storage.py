@@ -119,7 +119,7 @@ def test_readme_flow_on_s3(s3, bucket, tmp_path, marker):
 def test_example_with_dir_on_s3(s3, bucket, tmp_path):
     url = "s3://%s/ex-1" % bucket
     env = _environ(s3, tmp_path)
-    proc = _run([sys.executable, os.path.join(ROOT, "examples", "gymnasium_async.py"), "--fault", "--dir", url],
+    proc = _run([sys.executable, os.path.join(ROOT, "examples", "gymnasium_async.py"), "--fault", "--keep-values", "--dir", url],
                 env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

@@ -489,7 +489,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(stepledger.__file__)))
 def _import_pettingzoo_module(python, prelude=""):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_") and k != "PYTHONPATH"}
     env.update(PYTHONPATH=REPO, STEPLEDGER_PUREPYTHON="1")  # this checkout, its pure-Python core
-    code = prelude + "import stepledger.pettingzoo\n"
+    code = prelude + "from stepledger.pettingzoo import LedgerParallelEnv\n"  # the folder imports; its first name says
     return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
