@@ -84,6 +84,10 @@ class LedgerCollector(Collector):
         except Exception as exc:
             raise ValueError("LedgerCollector: cannot read the envs' spaces from %s: %s"
                              % (type(venv).__name__, exc)) from None
+        if obs_space is None or act_space is None:
+            raise ValueError("LedgerCollector: the envs of this %s declare no %s; a ledger digests values by their "
+                             "space: give the env its observation_space and action_space"
+                             % (type(venv).__name__, "observation_space" if obs_space is None else "action_space"))
         self.ledger = TrainerLedger(path, n, obs_space, act_space, reward_dtype=reward_dtype,
                                     flush_interval=flush_interval, owner="LedgerCollector")
         self._book = _Book(self.ledger, self.buffer, n)
