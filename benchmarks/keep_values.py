@@ -48,8 +48,8 @@ def vector(config, keep, n, directory, flush_interval=None):
 
 
 def discard(envs):
-    from stepledger import recording
-    for rec in list(recording._OPEN.values()):
+    from stepledger.recording import spiller
+    for rec in list(spiller.OPEN.values()):
         rec.discard()
     envs.close()
 

@@ -59,13 +59,13 @@ def test_clean_runs_of_each_vector_env_compare_clean_event_for_event(tmp_path, v
 def test_shmem_spaces_probe_in_the_main_process_records_nothing_and_does_not_clash(tmp_path):
     """ShmemVectorEnv calls each env_fn() in the main process for the observation space, then closes it: that
     LedgerEnv of the same index records nothing, writes nothing, and the worker's ledger is the only one."""
-    from stepledger.recording import recording
+    from stepledger.recording import spiller
     d = str(tmp_path)
-    before = set(recording._OPEN)
+    before = set(spiller.OPEN)
     venv = ts_envs.vector_env("shmem", ledger_env_fns(ts_envs.pendulum, 2, d))
     collector = ts_envs.random_collector(venv, d)
     assert os.listdir(d) == []
-    probes = [r for k, r in recording._OPEN.items() if k not in before and r.pid == os.getpid() and r.side == "env"]
+    probes = [r for k, r in spiller.OPEN.items() if k not in before and r.pid == os.getpid() and r.side == "env"]
     assert not any(r.n_events() for r in probes)
     collector.reset()
     collector.collect(n_step=40)
