@@ -21,4 +21,5 @@ _NAMES = {
     **dict.fromkeys(('check_parallel', 'parallel_env_factory'), 'check'),
 }
 __all__ = sorted(_NAMES)
-__getattr__, __dir__ = lazy_face(__name__, _NAMES)
+if not TYPE_CHECKING:  # a type checker sees only the names above: a misspelt one is an error, not Any
+    __getattr__, __dir__ = lazy_face(__name__, _NAMES)
