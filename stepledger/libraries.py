@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from stepledger.errors import LedgerError
@@ -42,17 +42,21 @@ class Library:
 
     Attributes:
         name: its folder, ``stepledger.<name>``.
-        summary: one line for ``stepledger check --help``.
+        summary: one line: the library, then what its adapters do (its name before the colon names it in
+            messages).
         extra: the pip extra that installs what it needs (``plugrl-stepledger[<extra>]``), or None.
         requires: the import names it needs, checked before its check runs.
         trainer: its ``stepledger check --trainer`` name, or None where it has no check of its own.
+        trainer_help: what ``--trainer <trainer>`` runs, for ``stepledger check --help``.
         check: ``"module:function"``, the check that ``--trainer`` runs: ``function(args, progress)``
             returns a CheckReport (``args``: the parsed command line).
         vectors: the ``--vector`` kinds it gives ``check_boundary``: its ``check`` module's
             ``vector(kind, autoreset)`` builds one.
         options: its own options of ``stepledger check``, as ``(flag, argparse keyword arguments)``.
-        deliberate: its wrappers that change values on purpose (class names), for the placement
-            warning and the report's hints.
+
+    The wrappers that change values on purpose are not here: ``stepledger.known_wrappers`` is their one list,
+    keyed by the package that defines them, because the placement warning and the report's hints (below
+    this layer) read it.
     """
 
     name: str
@@ -60,10 +64,10 @@ class Library:
     extra: str | None = None
     requires: tuple[str, ...] = ()
     trainer: str | None = None
+    trainer_help: str | None = None
     check: str | None = None
     vectors: tuple[str, ...] = ()
     options: tuple[tuple[str, dict[str, Any]], ...] = ()
-    deliberate: tuple[str, ...] = field(default=())
 
     def require(self, what: str) -> None:
         """Raise a one-line LedgerError naming the extra to install if a module it needs is missing."""
@@ -101,6 +105,23 @@ def by_trainer(trainer: str) -> Library:
         if lib.trainer == trainer:
             return lib
     raise ValueError("no library checks --trainer %r" % (trainer,))
+
+
+def trainer_help() -> str:
+    """The help of ``stepledger check --trainer``: each library's trainer and what it runs."""
+    parts = []
+    for lib in every():
+        if lib.trainer:
+            needs = " (needs the [%s] extra)" % lib.extra if lib.extra else ""
+            parts.append("%s: %s%s" % (lib.trainer, lib.trainer_help or lib.summary, needs))
+    return "; ".join(parts)
+
+
+def vector_help() -> str:
+    """The help of ``--vector``: the vector envs each library gives."""
+    return ", ".join("%s's %s%s" % (lib.summary_name, " or ".join(lib.vectors),
+                                    " (the [%s] extra)" % lib.extra if lib.extra else "")
+                     for lib in every() if lib.vectors)
 
 
 def vector_kinds() -> tuple[str, ...]:

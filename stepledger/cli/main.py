@@ -276,14 +276,11 @@ def _add_check(sub):
     from stepledger import libraries
     every = libraries.every()
     c.add_argument("--vector", choices=libraries.vector_kinds(), default="sync",
-                   help="the vector env: Gymnasium's sync or async, SB3's subproc or dummy (needs the [sb3] extra)")
+                   help="the vector env: " + libraries.vector_help())
     c.add_argument("--autoreset", choices=("next", "same"), default="next",
                    help="autoreset mode of Gymnasium's vector envs")
     c.add_argument("--trainer", choices=[lib.trainer for lib in every if lib.trainer], default="vector",
-                   help="vector: the vector env chosen by --vector, stepped with random actions; rllib: short "
-                        "Ray RLlib PPO runs on --runners env runners of --num-envs envs each (needs the [rllib] "
-                        "extra); supersuit: a PettingZoo parallel env through SuperSuit's vector env of --form, "
-                        "--num-envs copies, random actions, each fault on one agent (needs the [pettingzoo] extra)")
+                   help=libraries.trainer_help())
     for lib in every:
         for flag, options in lib.options:
             c.add_argument(flag, **options)

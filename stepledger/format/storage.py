@@ -20,7 +20,7 @@ optional extra ``plugrl-stepledger[remote]``) and:
   ``NAME.tmp-{pid}`` and moved to ``NAME``. Either way a reader sees the
   previous complete file or the new one, never a partial file under the
   real name. Readers ignore ``*.tmp-*`` names. A failed upload leaves the
-  local file where it was: the caller keeps it (see uploader.py).
+  local file where it was: the caller keeps it (see format/remote.py).
 - a ledger is read by copying it (and its spill segments, if any) to a local
   temporary directory first (``fetch``), then reading the copy with the
   local reader. Memory stays bounded; the copy takes disk space. Every
@@ -29,7 +29,7 @@ optional extra ``plugrl-stepledger[remote]``) and:
   seen.
 
 Uploads in the background, their retries and what is kept on local disk when
-storage fails are uploader.py's job.
+storage fails are format/remote.py's job.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ LIBRARY = Library(
     extra="pettingzoo",
     requires=("pettingzoo", "supersuit"),
     trainer="supersuit",
+    trainer_help="a PettingZoo parallel env through SuperSuit's vector env of --form, --num-envs copies, random "
+                 "actions, each fault on one agent",
     check="stepledger.pettingzoo.check:check_from_cli",
     options=(
         ("--form", dict(choices=("gymnasium", "sb3"), default="gymnasium",

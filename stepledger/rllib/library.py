@@ -8,6 +8,7 @@ LIBRARY = Library(
     extra="rllib",
     requires=("ray.rllib",),
     trainer="rllib",
+    trainer_help="short Ray RLlib PPO runs on --runners env runners of --num-envs envs each",
     check="stepledger.rllib.check:check_from_cli",
     options=(
         ("--runners", dict(type=positive_int, default=2, help="with --trainer rllib: remote env runners")),

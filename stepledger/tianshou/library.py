@@ -9,6 +9,7 @@ LIBRARY = Library(
     extra="tianshou",
     requires=("tianshou",),
     trainer="tianshou",
+    trainer_help="Tianshou's Collector (LedgerCollector) on --tianshou-vector, --num-envs envs, random actions",
     check="stepledger.tianshou.check:check_from_cli",
     options=(
         ("--tianshou-vector", dict(choices=("dummy", "subproc", "shmem"), default="subproc",
@@ -19,6 +20,4 @@ LIBRARY = Library(
                                        "(the env-side faults), or between the vector env and the collector (the "
                                        "trainer-side faults, the swaps among them)")),
     ),
-    # the buffers that move or rewrite transitions on their own (LedgerCollector refuses them)
-    deliberate=("HERReplayBuffer", "HERReplayBufferManager", "HERVectorReplayBuffer", "CachedReplayBuffer"),
 )

@@ -218,6 +218,21 @@ def test_help_shows_defaults_and_reachable_docs():
         assert "docs/" not in text  # a path in a checkout is not reachable from an installed package
 
 
+def test_check_help_describes_every_trainer_and_vector_of_the_table():
+    from stepledger import libraries
+    wide = subprocess.run([sys.executable, "-m", "stepledger", "check", "--help"], capture_output=True, text=True,
+                          timeout=120, env=dict(ENV, COLUMNS="2000"))  # argparse wraps at the width: no wrapping
+    text = " ".join(wide.stdout.split())
+    for lib in libraries.every():
+        if lib.trainer:
+            assert lib.trainer_help, "%s: a --trainer with no trainer_help in its library.py" % lib.name
+            assert "%s: %s" % (lib.trainer, " ".join(lib.trainer_help.split())) in text, lib.name
+            if lib.extra:
+                assert "[%s] extra" % lib.extra in text, lib.name
+        for kind in lib.vectors:
+            assert kind in text.split("--vector {", 1)[1], kind
+
+
 def test_docs_command_prints_the_pages():
     proc = run_cli("docs")
     assert proc.returncode == 0 and "report" in proc.stdout and "format" in proc.stdout
