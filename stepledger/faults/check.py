@@ -51,8 +51,9 @@ def is_located(difference: EnvDifference | None, injected: Record | None) -> boo
         fits = (bool(named) and named <= expected) if inj["fault"] == "step:fill" else named == expected
         return (d.episode, d.step) == (inj["episode"], inj["step"]) and fits
     if d.what == "length" and inj["fault"] == "step:fill":
-        # a length difference with no event in common has no step (None): a TypeError here, as before the types
-        return (d.episode, d.step + 1) == (inj["episode"], inj["step"])  # type: ignore[operator]
+        # a length difference with no event in common has no position: it cannot be a fill's, which follows
+        # at least the env's reset
+        return d.step is not None and (d.episode, d.step + 1) == (inj["episode"], inj["step"])
     return False
 
 

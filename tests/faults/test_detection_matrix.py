@@ -58,6 +58,7 @@ def test_located_means_at_the_event_and_under_exactly_its_fields(fault):
     if fault == "step:fill":
         assert is_located(_at(("kind",), "kind"), injected) and is_located(_at(("action", "obs")), injected)
         assert is_located(_at((), "length", 2, 4), injected)
+        assert not is_located(_at((), "length", None, None), injected)  # no event in common: no position
         assert not is_located(_at(("terminated",)), injected) and not is_located(_at(("obs", "truncated")), injected)
         return
     assert is_located(_at(expected), injected)
