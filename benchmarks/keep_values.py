@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _callgrind  # noqa: E402
 from _results import machine, write_section  # noqa: E402
 
 from stepledger import LedgerEnv, LedgerVectorEnv, core  # noqa: E402
@@ -99,32 +99,19 @@ def bytes_per_event(config, keep, n, steps):
 
 def count(config, keep, n, steps):
     """Under callgrind (--count): ``steps`` vector steps inside functools.reduce, the one call collected."""
-    import functools
     import math
     d = tempfile.mkdtemp(prefix="stepledger-keep-")
     envs = vector(config, keep, n, d, math.inf)
     rng = np.random.default_rng(0)
     actions = [rng.uniform(-2, 2, (n, 1)).astype(np.float32) for _ in range(steps)]
     envs.reset(seed=0)
-    step = envs.step
-    for a in actions:
-        step(a)
-    functools.reduce(lambda _, a: step(a), actions, None)
+    _callgrind.collected(envs.step, actions)
     discard(envs)
     shutil.rmtree(d, ignore_errors=True)
 
 
 def instructions(config, keep, n, steps=200):
-    env = dict(os.environ, STEPLEDGER_NO_AVX512="1", PYTHONHASHSEED="0")
-    with tempfile.TemporaryDirectory(prefix="stepledger-callgrind-") as tmp:
-        out = os.path.join(tmp, "callgrind.out")
-        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-                        "--callgrind-out-file=" + out, sys.executable, os.path.abspath(__file__), "--count", config,
-                        str(int(keep)), str(n), str(steps)],
-                       env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
-        with open(out) as f:
-            total = next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
-    return total / steps
+    return _callgrind.per_call(__file__, (config, int(keep), n, steps), steps)
 
 
 def main():

@@ -26,13 +26,11 @@ as often a step; they are written by the spiller thread, not the stepping one).
 """
 
 import argparse
-import functools
 import hashlib
 import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ import gymnasium as gym
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _callgrind  # noqa: E402
 from _results import machine, write_section  # noqa: E402
 
 from stepledger import LedgerEnv, LedgerVectorEnv  # noqa: E402
@@ -173,30 +172,15 @@ def count_steps(config, n_envs, steps):
     rng = np.random.default_rng(0)
     actions = [rng.uniform(-2, 2, (n_envs, 1)).astype(np.float32) for _ in range(steps)]
     envs.reset(seed=0)
-    step = envs.step
-    for a in actions:  # warm-up: the interpreter specializes, the buffers grow
-        step(a)
-    functools.reduce(lambda _, a: step(a), actions, None)
+    _callgrind.collected(envs.step, actions)
     discard(envs, d)
 
 
 def instruction_counts(n_envs, steps=200):
     """Instructions a vector step in each configuration (callgrind), or None without valgrind."""
-    if shutil.which("valgrind") is None:
+    if not _callgrind.available():
         return None
-    counts = {}
-    env = dict(os.environ, STEPLEDGER_NO_AVX512="1", PYTHONHASHSEED="0")
-    for config in COUNTED:
-        with tempfile.TemporaryDirectory(prefix="stepledger-callgrind-") as tmp:
-            out = os.path.join(tmp, "callgrind.out")
-            subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
-                            "--toggle-collect=functools_reduce", "--callgrind-out-file=" + out,
-                            sys.executable, os.path.abspath(__file__), "--count", config, str(n_envs), str(steps)],
-                           env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
-            with open(out) as f:
-                total = next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
-        counts[config] = total / steps
-    return counts
+    return {config: _callgrind.per_call(__file__, (config, n_envs, steps), steps) for config in COUNTED}
 
 
 def _time(fn, n):
