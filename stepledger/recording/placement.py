@@ -71,14 +71,19 @@ def wrappers_between(env, declared=frozenset()):
     trainer ledger's meta (``{"name", "deliberate", "changes", "where": "inside"}``); those that only
     watch are left out. Follows Gymnasium's ``.env`` and SB3's ``.venv``; the vector env at the bottom
     (the first object that wraps nothing) is not a wrapper."""
-    out = []
+    return _walk(env, declared)[0]
+
+
+def _walk(env, declared):
+    """(``wrappers_between``'s list, the object at the bottom of the chain), in one walk down it."""
+    out, e = [], env
     for e in _chain(env):
         if own_attr(e, "venv") is None and own_attr(e, "env") is None:
             break
         found = _found(e, "inside", declared)
         if found is not None:
             out.append(found)
-    return out
+    return out, e
 
 
 def value_changing_wrappers(env, declared=frozenset()):
@@ -112,14 +117,14 @@ def _chain(env):
         env = inner if inner is not None else own_attr(env, "env")
 
 
-def outer_wrappers(env, declared=frozenset()):
+def outer_wrappers(env, declared=frozenset(), bottom=None):
     """The wrappers around LedgerEnv in the envs of ``env``'s vector env, where it holds them in this process
     (``.envs``: SyncVectorEnv, DummyVecEnv), described as ``wrappers_between`` does (``"where": "around
     LedgerEnv"``), each once, in the order first found. Envs without a LedgerEnv in their chain are not
-    looked into."""
-    subs = None
-    for e in _chain(env):
-        subs = own_attr(e, "envs")
+    looked into. ``bottom``: the chain's bottom where the caller has walked down to it."""
+    if bottom is None:
+        bottom = _walk(env, declared)[1]
+    subs = own_attr(bottom, "envs")
     out, names = [], set()
     for sub in subs if isinstance(subs, (list, tuple)) else ():
         above: list[dict[str, Any]] = []
@@ -148,8 +153,8 @@ def check_placement(env, owner, check_wrappers=True, deliberate_wrappers=None):
     ``check_wrappers`` is False, one UserWarning for each kind found: those that change values on
     purpose, and the others, which are on the checked side."""
     declared = _declared_set(deliberate_wrappers, owner)
-    inside = wrappers_between(env, declared)
-    outer = outer_wrappers(env, declared)
+    inside, bottom = _walk(env, declared)
+    outer = outer_wrappers(env, declared, bottom)
     if check_wrappers:
         for group, outside in ((inside, False), (outer, True)):
             deliberate = [w["name"] for w in group if w["deliberate"]]
