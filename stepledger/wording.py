@@ -623,6 +623,26 @@ def spill_next_to_final(n_segments, final):
             "hold%s more" % (n_segments, "" if one else "s", final, "it is" if one else "they are", "s" if one else ""))
 
 
+# ---------------------------------------------------------------- how compare runs (report/parallel.py)
+
+def bad_jobs(given):
+    """``given``: the argument as the user wrote it (``jobs=0``, ``--jobs 0``)."""
+    return "%s: the number of worker processes must be a whole number, 1 or more" % given
+
+
+def worker_lost(who, how, first_env, last_env):
+    envs = "env %d" % first_env if first_env == last_env else "envs %d to %d" % (first_env, last_env)
+    return ("the compare worker (%s) comparing %s ended before it was done (%s): the comparison is not whole, "
+            "so no report is given; compare again" % (who, envs, how))
+
+
+RAY_MISSING = "ray= (--ray) needs Ray, which is not installed here: pip install \"ray>=2\""
+
+
+def ray_unreachable(address, why):
+    return "the Ray cluster at %s cannot be joined (%s)" % (address, why)
+
+
 def not_compared(name, reason):
     return "%s %s: not compared" % (name, reason)
 

@@ -72,11 +72,19 @@ def _report(args, command, check):
     return EXIT_OK if getattr(report, "complete", True) else EXIT_NOT_ALL
 
 
+def _jobs(text):
+    from stepledger.report.parallel import check_jobs
+    try:
+        return check_jobs(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(wording.bad_jobs("--jobs " + text)) from None
+
+
 def _compare(args):
     from stepledger.report.compare import compare
     trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
     return _report(args, "compare", lambda progress: compare(args.env_dir, trainers, count_all=args.all,
-                                                             progress=progress))
+                                                             progress=progress, jobs=args.jobs, ray=args.ray))
 
 
 def _show(args):
@@ -189,6 +197,13 @@ def build_parser():
     c.add_argument("--junit", metavar="FILE",
                    help="also write a JUnit XML report to FILE, one test case per env (on exit 2, one failing "
                         "test case that carries the error)")
+    c.add_argument("--jobs", metavar="N", type=_jobs, default=None,
+                   help="compare the envs in N worker processes (default: the cores this process may run on; a "
+                        "small compare runs in one process); the report is the same")
+    c.add_argument("--ray", metavar="ADDRESS", nargs="?", const=True, default=None,
+                   help="compare the envs as Ray tasks on the cluster at ADDRESS (without ADDRESS: the one "
+                        "RAY_ADDRESS names, or 'auto'), each task reading its ledgers from the path or URL "
+                        "itself; needs Ray")
 
     s = _command(sub, "show", _show, "describe a ledger file or an env directory",
                  description="Print a ledger's meta, its streams and their event and episode counts.",

@@ -875,9 +875,14 @@ class LedgerFile:
             src.verify = self.verify
         return src
 
-    def close(self):
+    def release(self):
+        """Drop every member's read position (an inflater and its buffers); a later read starts afresh."""
         for src in self._sources.values():
             src._cursor = None
+            src._pos = 0
+
+    def close(self):
+        self.release()
         if self.fd is not None:
             fd, self.fd = self.fd, None
             os.close(fd)
