@@ -330,3 +330,16 @@ def test_listing_pairing_and_run_checks_grow_linearly_with_the_files(tmp_path, m
     assert large["listdir"] <= small["listdir"] + 2  # the directory is listed a set number of times
     assert large["check_comparable"] == small["check_comparable"] == 1
     assert large["_prefixes_match"] == 160  # each env file is compared with the one stream it matches
+
+
+def test_ray_without_ray_installed_is_one_clear_line(runs):
+    try:
+        import ray  # noqa: F401
+        pytest.skip("Ray is installed here: tests/report/test_compare_ray.py covers --ray")
+    except ImportError:
+        pass
+    got = cli("compare", *runs["clean"], "--ray")
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.strip() == 'stepledger: ray= (--ray) needs Ray, which is not installed here: pip install "ray>=2"'
+    with pytest.raises(ImportError, match="needs Ray"):
+        compare(*runs["clean"], ray="127.0.0.1:6379")
