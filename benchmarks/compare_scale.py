@@ -54,7 +54,7 @@ RAY_CHILD = """
 import json, sys, time
 import ray
 from stepledger import compare
-ray.init(num_cpus=int(sys.argv[3]), include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=int(sys.argv[3]), include_dashboard=False, log_to_driver=False)  # a cluster of its own
 compare(sys.argv[1], sys.argv[2], ray=True)  # a first compare: the workers start and import stepledger
 times = []
 for _ in range(int(sys.argv[4])):

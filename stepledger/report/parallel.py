@@ -21,6 +21,7 @@ so none is given. Ctrl-C, or any exception, ends every worker before it propagat
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -28,7 +29,7 @@ import signal
 import sys
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from stepledger import wording
 from stepledger.errors import LedgerError, WorkerLost, one_line
@@ -286,6 +287,25 @@ def _die_with_parent() -> None:
             pass
 
 
+@contextlib.contextmanager
+def _main_not_rerun(forked: bool) -> Iterator[None]:
+    """While a spawned worker starts: multiprocessing would have it import the caller's main script first (its
+    code outside ``if __name__ == "__main__"`` would run again: a training script that compares at its end
+    would train again). A worker needs none of it (what it runs is in stepledger), so main is not named to it."""
+    main = sys.modules.get("__main__")
+    if forked or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def _context() -> Any:
     """fork where it is safe (POSIX, no other thread in this process: an fsspec loop may hold a lock),
     else spawn."""
@@ -315,7 +335,8 @@ def _in_processes(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, met
                             name="stepledger-compare")
             _sigint(signal.SIG_BLOCK)
             try:
-                p.start()
+                with _main_not_rerun(forked):
+                    p.start()
                 procs.append(p)
             finally:
                 _sigint(signal.SIG_UNBLOCK)  # a Ctrl-C meanwhile is raised here, once the worker is known
@@ -412,11 +433,28 @@ def _join_ray(ray_arg: Any) -> Any:
         raise ImportError(wording.RAY_MISSING) from None
     if not ray.is_initialized():
         address = ray_arg if isinstance(ray_arg, str) else "auto"
+        _reachable(address)
         try:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         except Exception as exc:  # ConnectionError, ValueError, RuntimeError...: one line, naming the address
             raise LedgerError(wording.ray_unreachable(address, one_line(exc))) from None
     return ray
+
+
+_CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster's address before it is called unreachable
+
+
+def _reachable(address: str) -> None:
+    """LedgerError, in one line, where ``address`` (HOST:PORT) takes no connection: ray.init would retry for
+    minutes. "auto", ``ray://`` and other forms are left to ray.init."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    import socket
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=_CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise LedgerError(wording.ray_unreachable(address, exc.strerror or one_line(exc))) from None
 
 
 def _on_ray(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta: Meta, ray_arg: Any,

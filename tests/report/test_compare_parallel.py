@@ -343,3 +343,27 @@ def test_ray_without_ray_installed_is_one_clear_line(runs):
     assert got.stderr.strip() == 'stepledger: ray= (--ray) needs Ray, which is not installed here: pip install "ray>=2"'
     with pytest.raises(ImportError, match="needs Ray"):
         compare(*runs["clean"], ray="127.0.0.1:6379")
+
+
+def test_spawned_workers_do_not_run_the_callers_script_again(runs, tmp_path):
+    """A script with no ``if __name__ == "__main__"`` that runs a thread (so that workers are spawned, not forked)
+    and compares at its end: its code runs once, and the report is one process's."""
+    script = tmp_path / "train_then_compare.py"
+    script.write_text("import sys, threading, time\n"
+                      "print('the script ran', flush=True)\n"
+                      "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                      "import stepledger.report.parallel as p\n"
+                      "p.MIN_EVENTS_A_WORKER = 1\n"
+                      "calls = []\n"
+                      "real = p._in_processes\n"
+                      "p._in_processes = lambda *a: calls.append(p._context().get_start_method()) or real(*a)\n"
+                      "from stepledger import compare\n"
+                      "print(compare(sys.argv[1], sys.argv[2], jobs=2).to_json())\n"
+                      "print(calls)\n")
+    got = subprocess.run([sys.executable, str(script), *runs["faulty"]], capture_output=True, text=True, env=_env(),
+                         timeout=180)
+    assert got.returncode == 0, got.stderr[-3000:]
+    lines = got.stdout.splitlines()
+    assert lines[0] == "the script ran" and lines.count("the script ran") == 1
+    assert lines[-1] == "['spawn']"
+    assert "\n".join(lines[1:-1]) == compare(*runs["faulty"], jobs=1).to_json()

@@ -54,9 +54,9 @@ def s3_server():
 
 @pytest.fixture(scope="module")
 def cluster(s3_server):
-    """A real local Ray cluster of 2 CPUs, joined by this process; its workers get the storage settings
+    """A real local Ray cluster of 2 CPUs of its own (address="local": not another on the machine), joined by this process; its workers get the storage settings
     through the runtime environment, as docs/SCALE.md says a cluster's nodes do."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": dict(s3_server.environ(), PYTHONPATH=ROOT)})
     try:
         yield
