@@ -163,7 +163,7 @@ class _Files:
                 storage.fetch(path, where)
                 self.copies[path] = where
             try:
-                lf = LedgerFile(where)
+                lf = LedgerFile(where, checked=True)  # compare opened it and checked its small members
             except LedgerError:
                 raise _Changed(path) from None  # gone, or replaced by a file cut short: the parent reads it
             self.open[path] = lf
