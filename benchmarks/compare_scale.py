@@ -38,14 +38,16 @@ TARGETS = {"jobs_s": 1.0, "jobs_mb": 256}
 
 # The timed child: compare once, print the seconds and the verdict as JSON.
 CHILD = """
-import json, sys, time
+import json, resource, sys, time
 t0 = time.perf_counter()
 from stepledger import compare
 kw = json.loads(sys.argv[3])
 t1 = time.perf_counter()
 r = compare(sys.argv[1], sys.argv[2], **kw)
 t2 = time.perf_counter()
-print(json.dumps({"seconds": t2 - t1, "import_s": t1 - t0, "ok": r.ok, "envs": len(r.envs),
+cpu = sum(getattr(resource.getrusage(w), k) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+          for k in ("ru_utime", "ru_stime"))
+print(json.dumps({"seconds": t2 - t1, "import_s": t1 - t0, "cpu_s": cpu, "ok": r.ok, "envs": len(r.envs),
                   "differ": len(r.differences)}))
 """
 
@@ -158,12 +160,12 @@ def ratio(runs, a, b, key="seconds"):
 
 
 def table(runs, names, caption):
-    rows = ["| %s | seconds (median) | process wall time | peak PSS, all processes | peak RSS summed | processes |"
-            % caption, "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| %s | seconds (median) | process wall time | CPU seconds, all processes | peak PSS, all processes "
+            "| peak RSS summed | processes |" % caption, "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in names:
         rs = runs[name]
-        rows.append("| %s | %.2f | %.2f | %.0f MB | %.0f MB | %d |" % (
-            name, med(rs, "seconds"), med(rs, "process_s"), med(rs, "pss") / MB, med(rs, "rss") / MB,
+        rows.append("| %s | %.2f | %.2f | %.2f | %.0f MB | %.0f MB | %d |" % (
+            name, med(rs, "seconds"), med(rs, "process_s"), med(rs, "cpu_s"), med(rs, "pss") / MB, med(rs, "rss") / MB,
             max(r["processes"] for r in rs)))
     return rows
 
@@ -177,11 +179,14 @@ def part_jobs(base, n, envs=16, events=1_000_000):
         log("writing %d env ledgers and a trainer ledger of %d events a stream ..." % (envs, events))
         big_ledgers.write_pair(directory, envs, events)
     trainer = os.path.join(directory, "trainer.npz")
-    log("%d envs x %d events: --jobs 1 against --jobs 2, %d pairs (%s)" % (envs, events, n, uptime()))
+    before = uptime()
+    log("%d envs x %d events: --jobs 1 against --jobs 2, %d pairs (%s)" % (envs, events, n, before))
     runs = pairs(directory, trainer, {"--jobs 1": {"jobs": 1}, "--jobs 2": {"jobs": 2}}, n)
     two = runs["--jobs 2"]
     lines = ["Comparing %s envs x %s events a side (the sides agree, so every event is read), %d runs of each, "
-             "alternated, each in a fresh process; load before: %s." % (f"{envs:,}", f"{events:,}", n, uptime()), ""]
+             "alternated, each in a fresh process; load before: %s, after: %s (2 cores shared with other "
+             "sessions: a load above 2 slows every process, and a second worker gains only what is left over)."
+             % (f"{envs:,}", f"{events:,}", n, before, uptime()), ""]
     lines += table(runs, ["--jobs 1", "--jobs 2"], "%s x %s" % (f"{envs:,}", f"{events:,}"))
     lines += ["", "--jobs 2 against --jobs 1: %.2fx the time (median of the paired ratios). Targets: at most %.1f s "
               "(measured %.2f s), at most %d MB for all processes together (measured %.0f MB PSS, %.0f MB RSS summed)."
@@ -240,11 +245,12 @@ def part_large(base, n, envs=1000, events=100_000, s3=True):
     small = os.path.join(base, "large-%d" % (envs // 4))
     if not os.path.exists(os.path.join(small, "trainer.npz")):
         big_ledgers.write_pair(small, envs // 4, events)
-    log("%d envs x %d events, local (%s)" % (envs, events, uptime()))
+    before = uptime()
+    log("%d envs x %d events, local (%s)" % (envs, events, before))
     local = pairs(directory, trainer, {"--jobs 1": {"jobs": 1}, "--jobs 2": {"jobs": 2}}, n)
     quarter = pairs(small, os.path.join(small, "trainer.npz"), {"--jobs 1": {"jobs": 1}, "--jobs 2": {"jobs": 2}}, n)
     lines = ["%s env ledgers x %s events a side (%s events a side), the sides agreeing, %d runs of each, alternated; "
-             "load before: %s." % (f"{envs:,}", f"{events:,}", f"{envs * events:,}", n, uptime()), ""]
+             "load before: %s, after: %s." % (f"{envs:,}", f"{events:,}", f"{envs * events:,}", n, before, uptime()), ""]
     lines += table(local, ["--jobs 1", "--jobs 2"], "local, %d envs" % envs)
     lines += ["", "Memory against the number of envs (%d envs of the same length):" % (envs // 4), ""]
     lines += table(quarter, ["--jobs 1", "--jobs 2"], "local, %d envs" % (envs // 4))

@@ -203,3 +203,49 @@ def test_a_ledger_that_cannot_be_read_in_a_task_is_the_error_one_process_gives(c
     with pytest.raises(LedgerError) as on_ray:
         compare(env_dir, trainer, ray=True)
     assert str(on_ray.value) == str(local.value)
+
+
+def test_a_task_whose_worker_is_killed_ends_the_compare_with_one_line(cluster, tmp_path):
+    """SIGKILL the Ray worker process running a compare task: WorkerLost, no report."""
+    import signal
+    import threading
+    import time
+    psutil = pytest.importorskip("psutil")
+    env_dir, trainer = big_ledgers.write_pair(str(tmp_path / "slow"), 4, 1_500_000)
+    for attempt in range(3):
+        got = {}
+
+        def run():
+            try:
+                got["report"] = compare(env_dir, trainer, ray=True)
+            except BaseException as exc:  # noqa: B036  (looked at below)
+                got["error"] = exc
+        thread = threading.Thread(target=run)
+        thread.start()
+        victim = None
+        deadline = time.monotonic() + 120
+        while victim is None and thread.is_alive() and time.monotonic() < deadline:
+            for p in psutil.Process().children(recursive=True):  # this cluster's processes, no other's
+                try:
+                    if any("ray::_ray_group" in part for part in p.cmdline()):
+                        victim = p
+                        break
+                except psutil.Error:
+                    pass
+            time.sleep(0.01)
+        if victim is not None:
+            try:
+                victim.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                victim = None
+        thread.join(300)
+        assert not thread.is_alive()
+        if victim is None or "report" in got:  # the task was done before it could be killed: again
+            continue
+        exc = got["error"]
+        assert isinstance(exc, LedgerError) and type(exc).__name__ == "WorkerLost", repr(exc)
+        text = str(exc)
+        assert text.startswith("the compare worker (a Ray task) comparing env") and "\n" not in text
+        assert "not whole, so no report is given" in text
+        return
+    pytest.fail("no compare task could be killed before it was done, 3 times")
