@@ -9,8 +9,10 @@ they were computed:
 - in this process, one env after another: a compare too small to pay for starting workers
   (fewer than ``MIN_EVENTS_A_WORKER`` events for a second worker), or ``jobs=1``;
 - in ``jobs`` worker processes (default: the cores this process may run on), each given a run of envs
-  next to each other, balanced by their events, which it reads from the files itself (a stream is sent
-  as its files and rows: ``read.stream_ref``), one env at a time, in bounded memory;
+  next to each other, balanced by their events, which it reads one env at a time, in bounded memory:
+  forked, through the very files compare opened (their descriptors are inherited); spawned, from the
+  files by name (a stream is sent as its files and rows, ``read.stream_ref``, each file with a
+  fingerprint that tells whether it is still the one compare read);
 - as Ray tasks on a cluster (``ray=ADDRESS``, or ``True`` for the cluster this process has joined, else
   ``"auto"``), one task per group of envs, each reading its ledgers from the shared path or the URL
   itself (a URL's files are fetched by the task, to its own temporary directory).
