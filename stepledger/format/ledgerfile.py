@@ -854,6 +854,9 @@ class LedgerFile:
             for name, e in self.members.items():
                 if e.method != _STORED and e.usize <= _VERIFY_AT_OPEN:
                     self.source(name).verify_whole()
+        # The small members are read: their inflaters (some 40 KB each) are not kept, so that a thousand
+        # open files take little memory until their columns are read
+        self.release()
 
     def verify_all(self):
         """Check the CRC-32 of every member this reader uses (once), reading each through in chunks."""
