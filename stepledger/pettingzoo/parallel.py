@@ -38,7 +38,7 @@ from stepledger.recording.checks import flush_interval as resolve_flush_interval
 from stepledger.recording.hooks import attend
 from stepledger.recording.recording import Recording
 from stepledger.format.spaces import LeafLayout
-from stepledger.recording.placement import own_attr, slot_infos
+from stepledger.recording.placement import check_placement, own_attr, slot_infos
 from stepledger.recording.trainer import SAME_STEP, OnFault
 
 # The oldest PettingZoo this module works with: the [pettingzoo] extra's (pyproject.toml says the same; a test
@@ -440,13 +440,17 @@ class LedgerSuperSuitVecEnv(TrainerAdapter):
     reset's under ``"stepledger_reset"`` of the same info (SuperSuit merges the
     two at an autoreset), as ``LedgerVecEnv`` does under SuperSuit's SB3
     form; ``on_fault``, ``keep_tokens`` and ``streams`` (the slots' (env copy,
-    agent) map, ``slot_map``) as there.
+    agent) map, ``slot_map``) as there. ``check_wrappers`` and ``deliberate_wrappers``: as for ``LedgerVecEnv``,
+    the wrappers found between this ledger and SuperSuit's vector env (through ``.venv`` or ``.env``) are warned
+    of once and kept in the ledger's meta for compare's hints.
     """
 
     def __init__(self, venv: Any, path: str | os.PathLike[str] | None, reward_dtype: Any = np.float32,
                  keep_values: bool = False, flush_interval: float | None = None, live: bool = False,
-                 on_fault: OnFault = "raise", keep_tokens: bool = False, streams: Sequence[int] | None = None) -> None:
+                 on_fault: OnFault = "raise", keep_tokens: bool = False, streams: Sequence[int] | None = None,
+                 check_wrappers: bool = True, deliberate_wrappers: Any = None) -> None:
         self.venv = venv
+        between = check_placement(venv, "LedgerSuperSuitVecEnv", check_wrappers, deliberate_wrappers)
         try:
             index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
         except LedgerError:
@@ -456,6 +460,7 @@ class LedgerSuperSuitVecEnv(TrainerAdapter):
                           on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
                           streams=streams, owner="LedgerSuperSuitVecEnv",
                           final_obs_name="infos[{i}]['%s']" % _TERMINAL_OBS)
+        self.ledger.note_wrappers(between)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("venv", "ledger"):

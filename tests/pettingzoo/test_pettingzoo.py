@@ -2,6 +2,7 @@
 and the SB3 trainer side (issue 19, first part)."""
 
 import gc
+import warnings
 import os
 import subprocess
 import sys
@@ -524,3 +525,45 @@ def test_the_version_needed_is_the_extras():
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         extra = tomllib.load(f)["project"]["optional-dependencies"]["pettingzoo"]
     assert "pettingzoo>=%s" % PETTINGZOO_NEEDS in extra
+
+
+class _HalfObs:
+    """A user's own wrapper around SuperSuit's vector env (``.venv``): it rounds every observation to float16."""
+
+    def __init__(self, venv):
+        self.venv = venv
+
+    def __getattr__(self, name):
+        if name == "venv":
+            raise AttributeError(name)
+        return getattr(self.venv, name)
+
+    def reset(self, **kw):
+        obs, infos = self.venv.reset(**kw)
+        return obs.astype(np.float16).astype(obs.dtype), infos
+
+    def step(self, actions):
+        obs, rewards, terms, truncs, infos = self.venv.step(actions)
+        return obs.astype(np.float16).astype(obs.dtype), rewards, terms, truncs, infos
+
+
+def test_a_users_wrapper_inside_the_supersuit_ledger_is_warned_of_and_named_by_the_hint(tmp_path):
+    from stepledger.pettingzoo import LedgerSuperSuitVecEnv
+    d = str(tmp_path)
+    env = LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=5), d)
+    venv = _HalfObs(ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 1, num_cpus=0,
+                                          base_class="gymnasium"))
+    with pytest.warns(UserWarning, match=r"LedgerSuperSuitVecEnv: _HalfObs sits between this ledger and the vector "
+                                         r"env, on the checked side"):
+        led = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"))
+    led.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        led.step(rng.integers(0, 5, led.num_envs))
+    led.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert not report.ok
+    assert any("_HalfObs" in h and "checked side" in h for h in report.hints), report.hints
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # check_wrappers=False silences it
+        LedgerSuperSuitVecEnv(venv, os.path.join(str(tmp_path / "quiet"), "trainer.npz"), check_wrappers=False).close()
