@@ -438,6 +438,10 @@ def kind_text(kind):
     return S.KIND_NAMES.get(kind, str(kind))
 
 
+ENV_GAVE, TRAINER_RECEIVED = "env gave", "trainer received"  # both sides' values, as every report names them
+FIRST_AT = "first at"  # the first element of a kept value that differs
+
+
 def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None, agents=None):
     """One differing event: its place, the fields that differ and, where known, both sides' values.
 
@@ -452,9 +456,9 @@ def difference_line(env, episode, step, fields, env_values, trainer_values, deta
     if known:
         parts = []
         for f in known:
-            gave = "env gave %s, trainer received %s" % (env_values[f], trainer_values[f])
+            gave = "%s %s, %s %s" % (ENV_GAVE, env_values[f], TRAINER_RECEIVED, trainer_values[f])
             if f in detail:
-                gave += ", first at %s" % detail[f]
+                gave += ", %s %s" % (FIRST_AT, detail[f])
             parts.append(gave if len(fields) == 1 else "%s: %s" % (f, gave))
         text += " (" + "; ".join(parts) + ")"
     return text
