@@ -197,7 +197,7 @@ def _summary(report: Report) -> str:
     diffs = report.differences
     n = len(report.envs)
     streams = "agent streams" if report.agent_streams else "envs"
-    counts = [(n, "%s compared" % streams, None), (len(diffs), "differ", None), (n - len(diffs), "agree", None)]
+    counts: list[tuple[int, str, str | None]] = [(n, "%s compared" % streams, None), (len(diffs), "differ", None), (n - len(diffs), "agree", None)]
     by_field = {f: sum(1 for d in diffs if d.what in ("fields", "kind") and f in d.fields) for f in S.FIELDS}
     counts += [(k, "differ first in %s" % f, COLOURS[f]) for f, k in by_field.items() if k]
     for what, words in WHAT_WORDS.items():
