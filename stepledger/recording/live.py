@@ -16,6 +16,11 @@ from stepledger.format import schema as S
 from stepledger import wording
 from stepledger.errors import SettingsError
 
+# The live check's counts where training is watched (the SB3 logger: stepledger.sb3.LogLiveCheck and
+# StopOnBoundaryFault), under these names (docs/LIVE.md, "Where training is watched"):
+METRIC_FAULTS = "stepledger/boundary_faults"  # boundary faults found so far: an env's first (later ones follow from it)
+METRIC_CHECKED = "stepledger/events_checked"  # events checked against their live tokens so far
+
 _TOKEN = struct.Struct(S.TOKEN_FORMAT)
 assert _TOKEN.size == S.TOKEN_SIZE
 
@@ -134,6 +139,11 @@ class LiveCheck:
 
     def _stream(self, i):
         return i if self.streams is None else self.streams[i]
+
+    def metrics(self):
+        """{METRIC_FAULTS: faults found so far, METRIC_CHECKED: events checked so far}: every event of the envs
+        whose tokens arrive is checked as it comes (one sum over the envs, when asked: not on the step path)."""
+        return {METRIC_FAULTS: len(self.faults), METRIC_CHECKED: int(self.rec.counts[self.rec.token_seen].sum())}
 
     def check_settings(self, values):
         """Refuse (SettingsError) when an env side sent settings that differ from this side's.

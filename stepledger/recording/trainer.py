@@ -384,6 +384,11 @@ class TrainerLedger:
         """Per env (slot) that had a live fault, the mismatches after it: they follow from it, not delivered."""
         return dict(self._live.later) if self._live is not None else {}
 
+    def live_metrics(self) -> dict[str, int]:
+        """The live check's counts so far, by their metric names (``live.METRIC_FAULTS``, the boundary faults
+        found; ``live.METRIC_CHECKED``, the events checked against their tokens); empty without live."""
+        return self._live.metrics() if self._live is not None else {}
+
     def set_on_fault(self, on_fault: OnFault) -> None:
         """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
         if self._live is not None:
