@@ -203,6 +203,36 @@ class LiveCheck:
                 pending.append(fault)
         if first_index:
             pending[:0] = self._slot_faults(first_index) if agents else self._index_faults(first_index)
+        self._deliver(pending)
+
+    def check_env(self, i, events, tokens):
+        """Env i's latest ``events`` (each (kind, h_obs, h_act, h_rew, terminated, truncated), as recorded, the
+        last of its stream) against the ``tokens`` that came with them, one each (None where none came): for a
+        trainer that records an env's events many at a time (``TrainerLedger.env_steps(..., tokens=...)``)."""
+        stream, pending = self._stream(i), []
+        expected = int(self.rec.counts[i]) - len(events)
+        for j, (event, token) in enumerate(zip(events, tokens)):
+            if token is None:
+                if self.rec.token_seen[i]:  # tokens were arriving: this event has none, so the env never produced it
+                    ep, st = int(self.rec.token_episode[i]), int(self.rec.token_step[i])
+                    ep, st = (ep + 1, 0) if event[0] == S.KIND_RESET else (ep, st + 1)
+                    pending.append(BoundaryFault(wording.event_not_given(stream, ep, st, event[0], self.agents), i,
+                                                 ep, st, ("kind",), stream=stream, agents=self.agents))
+                    break  # what follows is shifted by it
+                if i not in self._silent:
+                    self._silent.add(i)
+                    warnings.warn(wording.no_live_token(self.owner, i), stacklevel=4)
+                continue
+            fault = fault_from_event(i, token, event, self.reward_dtype, expected + j, stream, self.agents)
+            if fault is not None:
+                pending.append(fault)
+                continue
+            parsed = unpack_token(token)
+            self.rec.token_seen[i] = True
+            self.rec.token_episode[i], self.rec.token_step[i] = parsed[2], parsed[3]
+        self._deliver(pending)
+
+    def _deliver(self, pending):
         # An env's first fault is delivered; what its stream shows after it follows from it (a step filled
         # in shifts every later event, black_death_v3's padding never ends), as compare reports an env's
         # first difference: counted in ``later``, not delivered.
