@@ -428,9 +428,14 @@ def stream_name(env, agents=None):
     return "env %d" % env
 
 
+def position(episode, step):
+    """Where an event is in its stream: ``episode 0, step 13``."""
+    return "episode %d, step %d" % (episode, step)
+
+
 def place(env, episode, step, agents=None):
     """Where an event is, as every report line names it."""
-    return "%s, episode %d, step %d" % (stream_name(env, agents), episode, step)
+    return "%s, %s" % (stream_name(env, agents), position(episode, step))
 
 
 def kind_text(kind):
@@ -550,7 +555,12 @@ def agents_differ(differences):
 def envs_differ(n_differ, n_envs, agent_streams=False):
     """The count line: how many of the compared streams differ. Each stream of a multi-agent env ledger
     (stepledger.pettingzoo) is one agent of one env copy, not an env: there, "agent streams"."""
-    return "%d of %d %s differ" % (n_differ, n_envs, "agent streams" if agent_streams else "envs")
+    return "%d of %d %s differ" % (n_differ, n_envs, streams_word(agent_streams))
+
+
+def streams_word(agent_streams=False):
+    """What a report counts: envs, or the agent streams of multi-agent env ledgers."""
+    return "agent streams" if agent_streams else "envs"
 
 
 VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"

@@ -159,7 +159,7 @@ def _tags(d: EnvDifference) -> str:
 def _where(d: EnvDifference) -> str:
     if d.episode is None or d.step is None:
         return ""
-    text = "episode %d, step %d" % (d.episode, d.step)
+    text = wording.position(d.episode, d.step)
     return text + (" (event %d)" % d.event if d.event is not None else "")
 
 
@@ -196,7 +196,7 @@ def _detail(d: EnvDifference, count_all: bool) -> str:
 def _summary(report: Report) -> str:
     diffs = report.differences
     n = len(report.envs)
-    streams = "agent streams" if report.agent_streams else "envs"
+    streams = wording.streams_word(report.agent_streams)
     counts: list[tuple[int, str, str | None]] = [(n, "%s compared" % streams, None), (len(diffs), "differ", None), (n - len(diffs), "agree", None)]
     by_field = {f: sum(1 for d in diffs if d.what in ("fields", "kind") and f in d.fields) for f in S.FIELDS}
     counts += [(k, "differ first in %s" % f, COLOURS[f]) for f, k in by_field.items() if k]
@@ -264,7 +264,7 @@ def _rows(report: Report, by_env: dict[int, EnvDifference]) -> Iterable[str]:
     for e in report.envs:
         d = by_env.get(e)
         if d is None:
-            name = wording.stream_name(e, report.agents) if report.agent_streams and report.agents else "env %d" % e
+            name = wording.stream_name(e, report.agents if report.agent_streams else None)
             yield '<tr class="a" id="s-%d"><td class="n">%s</td><td class="barcell">%s</td><td></td><td></td></tr>' % (
                 e, _e(name), _bar(None))
         else:
