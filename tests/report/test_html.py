@@ -288,3 +288,18 @@ def test_a_thousand_streams_stay_small_and_readable(tmp_path):
     assert dom.by_id("shown").text() == "%d of %d streams shown" % (differ, n)
     assert len(dom.find_all(cls="detail")) == differ and not dom.find_all("svg")
     print("1,000 streams, 300 differ, --all: %d bytes, rendered in %.1f s" % (size, rendered))
+
+
+def test_the_example_writes_the_page_of_its_faults(tmp_path):
+    import subprocess
+    import sys
+    import testpaths
+    page = str(tmp_path / "report.html")
+    proc = subprocess.run([sys.executable, os.path.join(testpaths.ROOT, "examples", "html_report.py"), page],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "7 of 16 envs differ" in proc.stdout
+    text = open(page, encoding="utf-8").read()
+    self_contained(text)
+    assert '<p class="verdict differ" id="verdict">7 of 16 envs differ</p>' in text
+    assert text.count('class="spread"') >= 8  # --all: a strip per differing field
