@@ -428,14 +428,23 @@ def stream_name(env, agents=None):
     return "env %d" % env
 
 
+def position(episode, step):
+    """Where an event is in its stream: ``episode 0, step 13``."""
+    return "episode %d, step %d" % (episode, step)
+
+
 def place(env, episode, step, agents=None):
     """Where an event is, as every report line names it."""
-    return "%s, episode %d, step %d" % (stream_name(env, agents), episode, step)
+    return "%s, %s" % (stream_name(env, agents), position(episode, step))
 
 
 def kind_text(kind):
     kind = int(kind)
     return S.KIND_NAMES.get(kind, str(kind))
+
+
+ENV_GAVE, TRAINER_RECEIVED = "env gave", "trainer received"  # both sides' values, as every report names them
+FIRST_AT = "first at"  # the first element of a kept value that differs
 
 
 def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None, agents=None):
@@ -452,9 +461,9 @@ def difference_line(env, episode, step, fields, env_values, trainer_values, deta
     if known:
         parts = []
         for f in known:
-            gave = "env gave %s, trainer received %s" % (env_values[f], trainer_values[f])
+            gave = "%s %s, %s %s" % (ENV_GAVE, env_values[f], TRAINER_RECEIVED, trainer_values[f])
             if f in detail:
-                gave += ", first at %s" % detail[f]
+                gave += ", %s %s" % (FIRST_AT, detail[f])
             parts.append(gave if len(fields) == 1 else "%s: %s" % (f, gave))
         text += " (" + "; ".join(parts) + ")"
     return text
@@ -546,7 +555,12 @@ def agents_differ(differences):
 def envs_differ(n_differ, n_envs, agent_streams=False):
     """The count line: how many of the compared streams differ. Each stream of a multi-agent env ledger
     (stepledger.pettingzoo) is one agent of one env copy, not an env: there, "agent streams"."""
-    return "%d of %d %s differ" % (n_differ, n_envs, "agent streams" if agent_streams else "envs")
+    return "%d of %d %s differ" % (n_differ, n_envs, streams_word(agent_streams))
+
+
+def streams_word(agent_streams=False):
+    """What a report counts: envs, or the agent streams of multi-agent env ledgers."""
+    return "agent streams" if agent_streams else "envs"
 
 
 VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"

@@ -66,10 +66,18 @@ def _report(args, command, check):
     if args.junit:
         from stepledger.report.junit import write_junit
         write_junit(args.junit, report, "stepledger %s" % command)
+    if getattr(args, "html", None):
+        from stepledger.report.html import write_html
+        write_html(report, args.html, _compared(args))
     print(report.to_json() if args.json else str(report))
     if not report.ok:
         return EXIT_DIFFER
     return EXIT_OK if getattr(report, "complete", True) else EXIT_NOT_ALL
+
+
+def _compared(args):
+    """What a compare compared, as its command line names it (the HTML page's title)."""
+    return " ".join(["stepledger compare", args.env_dir] + list(args.trainer_file))
 
 
 def _compare(args):
@@ -170,6 +178,7 @@ def build_parser():
                               env must be in exactly one.""",
                  examples=["stepledger compare ledger ledger/trainer.npz",
                            "stepledger compare ledger ledger/trainer.npz --json --junit report.xml",
+                           "stepledger compare ledger ledger/trainer.npz --all --html report.html",
                            "stepledger compare ledger 'ledger/trainer-*.npz'",
                            "stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)"],
                  footer="exit codes: 0 no difference, 1 a difference, 2 cannot compare, 3 no difference in what was "
@@ -189,6 +198,10 @@ def build_parser():
     c.add_argument("--junit", metavar="FILE",
                    help="also write a JUnit XML report to FILE, one test case per env (on exit 2, one failing "
                         "test case that carries the error)")
+    c.add_argument("--html", metavar="FILE",
+                   help="also write the report as one self-contained HTML page to FILE: the summary, a row per "
+                        "stream with where it differs (with --all, where every difference falls), both sides' "
+                        "values (on exit 2, a page with the error)")
 
     s = _command(sub, "show", _show, "describe a ledger file or an env directory",
                  description="Print a ledger's meta, its streams and their event and episode counts.",
@@ -363,6 +376,12 @@ def _cannot(args, message):
         print(_jsonout.dumps({"ok": False, "error": message}))
     if getattr(args, "junit", None):
         _junit_of_error(args.junit, "stepledger %s" % args.command, message)
+    if getattr(args, "html", None):
+        from stepledger.report.html import write_html_error
+        try:
+            write_html_error(args.html, message, _compared(args))
+        except (OSError, ValueError):
+            pass
     print("stepledger: %s" % message, file=sys.stderr)
     return EXIT_CANNOT
 

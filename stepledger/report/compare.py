@@ -58,6 +58,9 @@ class EnvDifference:
         self.raw: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
         # with count_all: where each field's differences fall (stepledger.wording.pattern)
         self.patterns: list[str] = []
+        # with count_all: field -> differing events in each of SPREAD_BINS equal parts of the shared events,
+        # from the first on (what report/html.py draws)
+        self.spread: dict[str, list[int]] = {}
         self.trainer_file: str | None = None  # the trainer file that holds this env's stream, if any
         # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
         self.agents: list[str] | None = None
@@ -157,6 +160,7 @@ class Report(DifferenceReport):
         # (file name, why) of files in the env directory named like env ledgers that could not be read as one:
         # not compared (their lines are among the notes); the command exits 3 where nothing else differs
         self.unread: list[tuple[str, str]] = []
+        self.agents: list[str] | None = None  # with agent streams: the env ledgers' possible_agents
 
     @property
     def complete(self) -> bool:
@@ -187,6 +191,11 @@ class Report(DifferenceReport):
     def __repr__(self) -> str:
         return "<Report ok=%s: %s>" % (self.ok, wording.envs_differ(len(self.differences), len(self.envs),
                                                                    self.agent_streams))
+
+    def to_html(self, title: str | None = None) -> str:
+        """The report as one self-contained HTML page (stepledger.report.html)."""
+        from stepledger.report.html import to_html
+        return to_html(self, title)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
@@ -377,8 +386,8 @@ def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
             for f in S.FIELDS:
                 col = S.FIELD_COLUMNS[f]
                 counts[f] += int(np.count_nonzero(np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])))
-            where = where or _Where()
-            where.add(a, b, lo)
+            where = where or _Where(n)
+            where.add(a, b, lo, start)
         if first >= 0 and not count_all:
             break
     if first < 0 and n:
@@ -475,15 +484,22 @@ def _difference_at(env_id: int, env_stream: Stream, tr_stream: Stream, index: in
 
 # ---------------------------------------------------------------- causes
 
-class _Where:
-    """With count_all: where each field's differences fall, from an env's first difference on."""
+SPREAD_BINS = 100  # parts of an env's shared events in EnvDifference.spread
 
-    def __init__(self) -> None:
+
+class _Where:
+    """With count_all: where each field's differences fall, from an env's first difference on, of ``n`` shared
+    events: in words (``patterns``) and in SPREAD_BINS equal parts of the stream (``spread``)."""
+
+    def __init__(self, n: int) -> None:
         self.totals = {"events": 0, "steps": 0, "ends": 0, "starts": 0}
         self.by_field = {f: {"at_steps": 0, "at_ends": 0, "at_starts": 0} for f in S.FIELDS}
         self._prev_kind: Any = None  # the kind of the event before the chunk
+        self.n = n
+        self.bins = {f: np.zeros(SPREAD_BINS, dtype=np.int64) for f in S.FIELDS}
 
-    def add(self, a: Columns, b: Columns, lo: int) -> None:
+    def add(self, a: Columns, b: Columns, lo: int, start: int) -> None:
+        """Rows ``lo:`` of a chunk of both streams that begins at event ``start``."""
         kind = np.asarray(a["kind"])
         prev = np.empty_like(kind)
         prev[0] = S.KIND_STEP if self._prev_kind is None else self._prev_kind
@@ -505,6 +521,12 @@ class _Where:
             c["at_steps"] += int(np.count_nonzero(diff & is_step))
             c["at_ends"] += int(np.count_nonzero(diff & ends))
             c["at_starts"] += int(np.count_nonzero(diff & starts))
+            at = np.flatnonzero(diff)
+            if at.size:
+                self.bins[f] += np.bincount((at + start + lo) * SPREAD_BINS // self.n, minlength=SPREAD_BINS)
+
+    def spread(self) -> dict[str, list[int]]:
+        return {f: [int(x) for x in b] for f, b in self.bins.items() if b.any()}
 
     def patterns(self, counts: dict[str, Any], episode: int | None, step: int | None) -> list[str]:
         out = []
@@ -869,6 +891,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             where = counts.pop("where", None) if counts is not None else None
             if where is not None and d.what == "fields":
                 d.patterns = where.patterns(counts, d.episode, d.step)
+                d.spread = where.spread()
             d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
             differences.append(d)
         if progress is not None:
@@ -893,6 +916,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.unread = list(unread)
+        report.agents = _agents_of(on_env_side[0]) if agent_streams else None
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

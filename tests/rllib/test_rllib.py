@@ -342,3 +342,23 @@ def test_the_readme_rllib_quickstart_runs_as_printed(tmp_path):
     cmd = subprocess.run([sys.executable, "-m", "stepledger", "compare", "ledger", "ledger/trainer.npz"],
                          capture_output=True, text=True, timeout=120, env=environ, cwd=str(tmp_path))
     assert cmd.returncode == 0 and cmd.stdout.strip() == "0 of 4 envs differ", cmd.stdout + cmd.stderr
+
+
+def test_live_check_counts_go_to_rllibs_metrics(tmp_path):
+    # instrument(..., live=True): each runner checks the episodes sample() returns against LedgerEnv's live tokens;
+    # a reward rounded through float16 on its way from env 1 is one boundary fault in RLlib's results
+    from stepledger.recording.live import METRIC_CHECKED, METRIC_FAULTS
+    d = str(tmp_path / "live")
+    fault = {"fault": "reward:f16", "env": 1, "at": 20, "record": str(tmp_path / "fault.json"), "place": "wrapper"}
+    (out,) = run([{"env": "Pendulum-v1", "iterations": 2, "runners": 2, "envs": 2, "live": True, "fault": fault,
+                   "path": d}], timeout=480)
+    injected = read_record(fault["record"])
+    assert injected is not None and injected["env"] == 1
+    metrics = out["metrics"]
+    assert metrics[METRIC_FAULTS] == 1, metrics
+    with read(os.path.join(d, "trainer.npz")) as ledger:  # what the learner trained on: the episodes checked
+        trained = sum(len(s) for s in ledger.streams.values())
+    # and, at algo.stop(), the resets no sample() had returned yet (one per env at most)
+    assert trained - 4 <= metrics[METRIC_CHECKED] <= trained, (metrics, trained)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert [x.env for x in report.differences] == [1] and is_located(report.by_env()[1], injected), str(report)
