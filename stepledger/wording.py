@@ -663,6 +663,25 @@ def recorded_twice(name, index):
             "not compared" % (name, index, index, index, name))
 
 
+# How a copy of a recorded env was made (its meta's copy), for compare's line naming it (docs/INDICES.md).
+COPY_MADE = {S.COPY_PICKLED: "unpickled or deep-copied",
+             S.COPY_REBUILT: "built while env-{index}.npz was being recorded in its process: env.spec.make(), "
+                             "gym.make(env.spec), gymnasium's check_env, an evaluation env from the same factory"}
+
+
+def recorded_copy(name, index, events, made=None):
+    """A copy of env ``index``'s LedgerEnv that recorded ``events`` of its own (env-N.copy-*.npz), or a second
+    LedgerEnv of env ``index`` that the trainer side never linked (``made`` None: an evaluation env built from the
+    training env's factory, most likely): named, not compared, not a difference."""
+    if made is None:
+        what = ("another LedgerEnv of env %d, not one of the trainer side's envs (an evaluation env built from the "
+                "training env's factory, say)" % index)
+    else:
+        what = "a copy of env %d's LedgerEnv (%s)" % (index, COPY_MADE.get(made, made).format(index=index))
+    return "%s: %s, recorded %s event%s of its own: not compared (docs/INDICES.md)" % (
+        name, what, f"{events:,}", "" if events == 1 else "s")
+
+
 def told_position(index, position):
     """An env ledger the trainer side told it is another position of its vector env than its index."""
     return ("env-%d.npz: its LedgerEnv is env %d of the trainer's vector env (the trainer side told it so): %s"

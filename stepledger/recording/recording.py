@@ -158,9 +158,12 @@ class Recording:
         record to ``NAME.dup-{writer}.npz`` instead, and say so. The path to record at."""
         base, ext = os.path.splitext(self.path)
         beside = "%s%s%s%s" % (base, S.DUPLICATE_INFIX, self.writer[:8], ext)
-        warnings.warn("stepledger: %s is being recorded by another ledger (process %s) right now; this one records "
-                      "%s instead, and compare will name both: give each env its own index="
-                      % (self.path, holder.get(S.META_PID), beside), RuntimeWarning, stacklevel=6)
+        # One of the two linked by a trainer side, the other not: an evaluation env built from the training
+        # env's factory (docs/INDICES.md), not a mistake; compare takes the linked one and names the other.
+        if (self.run is None) == (holder.get(S.META_RUN) is None):
+            warnings.warn("stepledger: %s is being recorded by another ledger (process %s) right now; this one "
+                          "records %s instead, and compare will name both: give each env its own index="
+                          % (self.path, holder.get(S.META_PID), beside), RuntimeWarning, stacklevel=6)
         self.path = beside
         return beside
 

@@ -782,8 +782,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                      or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
+        runs = {led.meta.get(S.META_RUN) for _, led in tr_ledger.named} - {None}
+
+        def linked(meta: Meta, idx: int) -> bool:  # the trainer side told this env ledger it is env idx of its run
+            return meta.get(S.META_RUN) in runs and meta.get(S.META_POSITION) == idx
         unread: list[tuple[str, str]] = []  # files named like env ledgers that are not: named, and the rest compared
-        env_ledger = read_ledger(env_dir, accept, unread)
+        env_ledger = read_ledger(env_dir, accept, unread, linked)
     except LedgerError:
         tr_ledger.close()
         raise
@@ -804,7 +808,11 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
         notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
         for name, idx, dup_meta in env_ledger.duplicates:
-            notes.append(wording.recorded_twice(name, idx))
+            if dup_meta.get(S.META_RUN) in runs and dup_meta.get(S.META_POSITION) is not None:
+                notes.append(wording.recorded_twice(name, idx))  # two of the trainer side's envs given one index
+            else:
+                notes.append(wording.recorded_copy(name, idx, env_ledger.duplicate_events.get(name, 0),
+                                                   dup_meta.get(S.META_COPY)))
         notes += _unindexed_notes(env_ledger, tr_ledger)
         for idx, stream in env_ledger.streams.items():
             position = stream.meta.get(S.META_POSITION)
