@@ -585,6 +585,39 @@ ENDED = {S.STATE_INTERRUPTED: "interrupted (an exception escaped a step or reset
 IN_PROGRESS = "in progress"
 
 
+def _cut_by(interrupted_by):
+    """What escaped a recorded step or reset (its meta's interrupted_by), in the user's terms."""
+    if interrupted_by == "KeyboardInterrupt":
+        return "Ctrl-C"
+    return "an exception (%s)" % interrupted_by if interrupted_by not in (None, "Exception") else "an exception"
+
+
+def ended(state, interrupted_by=None):
+    """How a recording had ended when its file was written (ENDED), and what cut its run short where it knows."""
+    text = ENDED.get(state)
+    if text is None or interrupted_by is None:
+        return text
+    if state == S.STATE_INTERRUPTED:
+        return "interrupted (%s escaped a step or reset)" % _cut_by(interrupted_by)
+    return "%s, after %s escaped a step or reset" % (text, _cut_by(interrupted_by))
+
+
+def ended_by_trainer(trainer_state, interrupted_by, parent):
+    """An env ledger written on SIGTERM in a worker process whose parent was the trainer's process (pid ``parent``),
+    whose ledger ended ``trainer_state``: the trainer's process ended its workers, as vector envs do."""
+    after = " after %s" % _cut_by(interrupted_by) if interrupted_by is not None else ""
+    if trainer_state == S.STATE_SIGNAL:
+        return ("written when its process got SIGTERM, as the trainer's process (pid %d, its parent) did: a kill or "
+                "a scheduler's signal; the trainer's process ends its workers then" % parent)
+    how = {S.STATE_EXIT: ", which exited without close()%s" % after,
+           S.STATE_INTERRUPTED: ", which closed%s" % after,
+           S.STATE_CLOSED: ", which closed the vector env",
+           S.STATE_OPEN: ", while the trainer ledger was open"}.get(trainer_state, "")
+    return ("ended by the trainer's process (pid %d, its parent)%s: a vector env ends its worker processes with "
+            "SIGTERM when the program exits, closes it or lets go of it (AsyncVectorEnv, SubprocVecEnv), and each "
+            "wrote its ledger then" % (parent, how))
+
+
 def still_open(alive):
     """A recording whose file says it is open; ``alive``: its writer runs (True), is gone (False), unknown."""
     if alive:

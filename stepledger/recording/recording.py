@@ -31,6 +31,7 @@ boundary fault. It never writes a ledger with no events.
 """
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -97,7 +98,7 @@ class Recording:
         self.run = self.writer if side == "trainer" else None  # the env side learns it from the trainer
         self.position = None
         self.started = time.time()
-        self.interrupted = False
+        self.interrupted_by = None  # the class name of the exception that escaped a recorded step or reset
         self.pid = os.getpid()
         self.closed = False
         self.interval = float(interval)
@@ -177,6 +178,20 @@ class Recording:
     # ------------------------------------------------------------ state
 
     @property
+    def interrupted(self):
+        """An exception escaped a step or reset it recorded (the run did not end cleanly)."""
+        return self.interrupted_by is not None
+
+    @interrupted.setter
+    def interrupted(self, value):
+        # set by the adapters in their ``except BaseException``: the exception being handled names what cut the run
+        if not value:
+            self.interrupted_by = None
+        elif self.interrupted_by is None:
+            exc = sys.exc_info()[0]
+            self.interrupted_by = exc.__name__ if exc is not None else "Exception"
+
+    @property
     def published(self):
         """False once the final file could not be uploaded (it is kept on local disk, and a line said where)."""
         return self.place.published
@@ -224,6 +239,14 @@ class Recording:
             meta[S.META_PID_START] = start
         if self.position is not None:
             meta[S.META_POSITION] = self.position
+        if self.interrupted_by is not None:
+            meta[S.META_INTERRUPTED_BY] = self.interrupted_by
+        if state == S.STATE_SIGNAL:  # who it was that may have sent it: compare knows the trainer's process
+            parent = os.getppid()
+            meta[S.META_PARENT_PID] = parent
+            parent_start = processes.start_time(parent)
+            if parent_start is not None:
+                meta[S.META_PARENT_START] = parent_start
         meta.update(self.extra_meta)
         if segment is not None:
             meta[S.META_SEGMENT] = segment

@@ -271,12 +271,25 @@ def _writer_alive(meta: Meta) -> bool | None:
     return processes.running(pid, start)
 
 
-def how_it_ended(meta: Meta) -> str | None:
-    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
+def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
+    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly.
+
+    An env ledger written on SIGTERM whose process's parent then was the writer of one of ``trainers`` (the
+    trainer ledgers' metas): said as the trainer's process ending its vector env's workers (docs/ENDINGS.md)."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
     if state == S.STATE_OPEN:
         return wording.still_open(_writer_alive(meta))
-    return wording.ENDED.get(state)
+    if state == S.STATE_SIGNAL:
+        for trainer in trainers:
+            if (meta.get(S.META_HOST) == trainer.get(S.META_HOST) and isinstance(meta.get(S.META_PARENT_PID), int)
+                    and meta.get(S.META_PARENT_PID) == trainer.get(S.META_PID)
+                    and meta.get(S.META_PARENT_START) == trainer.get(S.META_PID_START)
+                    and trainer.get(S.META_INTERRUPTED_BY) in (None, "KeyboardInterrupt")):
+                # the trainer's process ended its workers; a worker killed from outside mid-run makes the
+                # trainer's next step fail (another exception), and is said as a SIGTERM
+                return wording.ended_by_trainer(trainer.get(S.META_STATE, S.STATE_CLOSED),
+                                                trainer.get(S.META_INTERRUPTED_BY), meta.get(S.META_PARENT_PID))
+    return wording.ended(state, meta.get(S.META_INTERRUPTED_BY))
 
 
 def _ledger_note(name: str, meta: Meta, events: int) -> str | None:
@@ -293,11 +306,11 @@ def _agents_of(stream: Stream) -> list[str] | None:
     return agents if isinstance(agents, list) and agents else None
 
 
-def _env_notes(env_ledger: Ledger, env_dir: LedgerPath) -> list[str]:
+def _env_notes(env_ledger: Ledger, env_dir: LedgerPath, trainers: Sequence[Meta] = ()) -> list[str]:
     """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
     groups: dict[str, set[int]] = {}
     for idx, stream in env_ledger.streams.items():
-        ended = how_it_ended(stream.meta)
+        ended = how_it_ended(stream.meta, trainers)
         if ended is not None:
             agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
             groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
@@ -311,7 +324,7 @@ def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:
         which, gap = "env", n_tr - n_env
     else:
         which, gap = "trainer", n_env - n_tr
-    why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
+    why = [(side, how_it_ended(meta, [ts.meta])) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
     return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
                               min(n_env, n_tr), _agents_of(es))
 
@@ -888,7 +901,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
-            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".")
+            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".",
+            [led.meta for _, led in tr_ledger.named])
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
         agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
