@@ -1019,3 +1019,58 @@ def different_trainer_settings(name, first, what, text, first_text):
 def earlier_trainer_run(name, written, began, newest):
     return ("%s is from an earlier run (written %s, before %s began at %s): not compared"
             % (name, written, newest, began))
+
+
+# ---------------------------------------------------------------- stepledger show
+
+def count(n, word, many=None):
+    """``n`` and its noun, singular or plural: "1 event", "1,204 events", "2 episodes started"."""
+    if n == 1:
+        return "1 %s" % word
+    return "%s %s" % (f"{n:,}", many if many is not None else word + "s")
+
+
+def show_date(t):
+    """A Unix time as show prints it: a local date and time (the meta holds the number)."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def show_streams(n_streams, n_empty, events):
+    """show FILE: how many streams and events, the streams with no events counted, not listed one by one."""
+    empty = " (%s with no events, not listed)" % f"{n_empty:,}" if n_empty else ""
+    return "  %s%s, %s" % (count(n_streams, "stream"), empty, count(events, "event"))
+
+
+def show_stream(env, events, resets):
+    """show FILE: one stream that has events."""
+    return "  env %d: %s, %s, %s" % (env, count(events, "event"), count(resets, "episode started", "episodes started"),
+                                     count(events - resets, "step"))
+
+
+def show_directory(path, n_env, n_trainer, n_other, events, partial=False):
+    """show DIR: the head line, a directory of ledgers (``partial``: some read from their spilled segments)."""
+    parts = [count(n, word) for n, word in ((n_env, "env ledger"), (n_trainer, "trainer ledger"),
+                                            (n_other, "other ledger")) if n or word == "env ledger"]
+    return "%s: a directory of %s, %s%s" % (path, _and(parts), count(events, "event"),
+                                           ", partial (some read from spilled segments)" if partial else "")
+
+
+def show_ledger(name, what, events, resets, ended, started, updated, pid):
+    """show DIR: one line per ledger. ``what``: whose it is (env 3, a copy of env 0's LedgerEnv, trainer side...);
+    ``resets`` None where not counted; ``ended``: how its recording ended (None: closed)."""
+    counts = count(events, "event")
+    if resets is not None:
+        counts += " (%s, %s)" % (count(resets, "episode started", "episodes started"), count(events - resets, "step"))
+    first, last = show_date(started), show_date(updated)
+    if first[:10] == last[:10] and first != "unknown":
+        last = last[11:]  # the same day: its time only
+    return "  %s: %s, %s, %s, %s to %s%s" % (
+        name, what, counts, ended or "closed", first, last, ", process %d" % pid if isinstance(pid, int) else "")
+
+
+def show_trainer_streams(n_streams, n_empty):
+    """show DIR: a trainer ledger's streams, those with no events counted."""
+    return "trainer side, %s%s" % (count(n_streams, "stream"), " (%s with no events)" % f"{n_empty:,}"
+                                   if n_empty else "")

@@ -679,6 +679,15 @@ def _ledgers_in(directory: str, names: Iterable[str], match: Callable[[str], boo
     return [storage.join(directory, n) if remote else os.path.join(directory, n) for n in sorted(found)]
 
 
+def other_ledgers(directory: LedgerPath) -> list[str]:
+    """The paths of the ledgers in ``directory`` (a local path or a URL) that are not env ledgers by their names
+    (trainer ledgers, for ``stepledger show DIR``), a ledger killed before its final file found by its segments."""
+    text = storage.local_path(os.fspath(directory))
+    remote = storage.is_remote(text)
+    text = text.rstrip("/") if remote else text
+    return _ledgers_in(text, storage.listdir(text) if remote else os.listdir(text), lambda n: True)
+
+
 def trainer_paths(spec: TrainerSpec) -> list[tuple[str, bool]]:
     """What a compare argument names as trainer ledgers: [(path, strict)].
 

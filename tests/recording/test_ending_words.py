@@ -49,6 +49,9 @@ def test_a_script_that_ends_without_close_is_not_called_a_sigterm(tmp_path):
     assert "got SIGTERM" not in text, text
     assert (BY_TRAINER % trainer[S.META_PID]) + ", which exited without close()" in text, text
     assert "env-0.npz, env-1.npz ended by the trainer's process" in text
+    shown = subprocess.run([sys.executable, "-m", "stepledger", "show", d], capture_output=True, text=True,
+                           env=_env()).stdout
+    assert "got SIGTERM" not in shown and shown.count("ended by the trainer's process") == 2, shown
 
 
 def test_ctrl_c_is_not_called_a_sigterm(tmp_path):
