@@ -106,6 +106,15 @@ def duplicate_live_index(env, index, other):
             "index=%d; %s" % (env, index, other, index, INDEX_QUESTION))
 
 
+def recorded_beside(path, pid, beside, live):
+    """A recording that finds its path held by another writer (``live``: recording it now; else one that wrote it
+    while this one recorded, closed since) records ``beside`` it instead."""
+    held = "is being recorded by another ledger (process %s) right now" % pid if live else \
+        "was written by another ledger (process %s) while this one recorded" % pid
+    return ("stepledger: %s %s; this one records %s instead, and compare will name both: give each env its own "
+            "index=" % (path, held, beside))
+
+
 def overwritten_ledger(path, index):
     """A LedgerEnv about to replace a ledger file another LedgerEnv wrote during this one's run."""
     return ("LedgerEnv(index=%d): %s was written by another LedgerEnv since this one started, and this write "

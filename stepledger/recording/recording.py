@@ -39,7 +39,7 @@ import warnings
 
 import numpy as np
 
-from stepledger import core
+from stepledger import core, wording
 from stepledger._moved import names_of
 from stepledger.__about__ import __version__
 from stepledger.errors import LedgerError
@@ -162,9 +162,9 @@ class Recording:
         # One of the two linked by a trainer side, the other not: an evaluation env built from the training
         # env's factory (docs/INDICES.md), not a mistake; compare takes the linked one and names the other.
         if (self.run is None) == (holder.get(S.META_RUN) is None):
-            warnings.warn("stepledger: %s is being recorded by another ledger (process %s) right now; this one "
-                          "records %s instead, and compare will name both: give each env its own index="
-                          % (self.path, holder.get(S.META_PID), beside), RuntimeWarning, stacklevel=6)
+            # a lock names a live writer; a file's meta (its state) one that wrote it and closed since
+            warnings.warn(wording.recorded_beside(self.path, holder.get(S.META_PID), beside,
+                                                  S.META_STATE not in holder), RuntimeWarning, stacklevel=6)
         self.path = beside
         return beside
 

@@ -256,3 +256,31 @@ def test_a_ledger_env_pickled_into_subproc_workers_is_the_env_compared(tmp_path)
     assert len(copies_in(d)) == N and not os.path.exists(os.path.join(d, "env-0.npz")), os.listdir(d)
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok and "0 of %d envs differ" % N in str(report), str(report)
+
+
+def test_an_evaluation_env_that_writes_first_is_named_and_the_linked_env_compared(tmp_path):
+    """Built from the training env's factory before training: neither is a copy yet. The evaluation env writes
+    env-0.npz first; the training env, which the trainer side linked, then records beside it, and compare takes it."""
+    d = str(tmp_path)
+    evaluation = cartpole(0, d)  # built first, never linked
+    envs = LedgerVectorEnv(gym.vector.SyncVectorEnv([functools.partial(cartpole, i, d) for i in range(N)]),
+                           os.path.join(d, "trainer.npz"))
+    evaluation.reset(seed=5)
+    for _ in range(3):
+        evaluation.step(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither write is a mistake: no warning
+        evaluation.flush()  # env-0.npz is the evaluation env's now
+        envs.reset(seed=0)
+        for t in range(10):
+            envs.step(np.array([t % 2] * N))
+        envs.close()
+        evaluation.close()
+    assert os.path.basename(evaluation.ledger_path) == "env-0.npz"
+    training = envs.unwrapped.envs[0].ledger_path
+    assert os.path.basename(training).startswith("env-0" + S.DUPLICATE_INFIX)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    text = str(report)
+    assert report.ok and "0 of %d envs differ" % N in text, text
+    assert ("env-0.npz: another LedgerEnv of env 0, not one of the trainer side's envs (an evaluation env built from "
+            "the training env's factory, say), recorded 4 events of its own: not compared") in text, text
