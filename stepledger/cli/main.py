@@ -113,12 +113,16 @@ def _show_directory(args, ledger, streams, leftovers, left):
         except LedgerError as exc:  # an episode log, a file that is not a ledger: named, the rest shown
             unreadable.append((os.path.basename(path), str(exc)))
     trainers = [meta for _, meta, _, _ in others if meta.get(S.META_SIDE) == "trainer"]
-    by_env = {s["env"]: s for s in streams}
+    by_file: dict[str, list[Any]] = {}  # a multi-agent env ledger holds a stream per agent
+    for s in streams:
+        by_file.setdefault(ledger.origin.get(s["env"], "env-%d.npz" % s["env"]), []).append(s)
     ledgers: list[tuple[Any, ...]] = []  # (name, meta, streams, partial, what, events, resets)
-    for idx, stream in ledger.streams.items():
-        name = "env-%d.npz" % idx
-        s = by_env[idx]
-        ledgers.append((name, stream.meta, [s], None, "env %d" % idx, s["events"], s["episodes"]))
+    for name, counts in by_file.items():
+        meta = ledger.streams[counts[0]["env"]].meta
+        agents = meta.get(S.META_POSSIBLE_AGENTS)
+        what = "env %s" % name[4:-4] if not agents else "env %s, %s" % (name[4:-4], wording.count(len(agents), "agent"))
+        ledgers.append((name, meta, counts, None, what, sum(c["events"] for c in counts),
+                        sum(c["episodes"] for c in counts)))
     for name, idx, meta in getattr(ledger, "duplicates", []):
         copy = meta.get(S.META_COPY)
         what = ("a copy of env %d's LedgerEnv (%s)" % (idx, wording.COPY_MADE[copy].format(index=idx).split(":")[0])

@@ -156,6 +156,8 @@ class Ledger:
         self.duplicates: list[tuple[str, int, Meta]] = []
         # env directory: the events of each of those, by name
         self.duplicate_events: dict[str, int] = {}
+        # env directory: the file each stream was read from (a multi-agent env ledger holds several)
+        self.origin: dict[int, str] = {}
         # env directory: (name, meta, events, first events) of ledgers with no index
         self.unindexed: list[tuple[str, Meta, int, Columns | None]] = []
 
@@ -540,7 +542,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         else:
             ledger = Ledger(path, meta, dict(sorted(streams.items())), partial, files)
         ledger.skipped, ledger.duplicates, ledger.unindexed = skipped, dups, lost
-        ledger.duplicate_events = side_events
+        ledger.duplicate_events, ledger.origin = side_events, origin
         return ledger
     return _read_file(path)
 
