@@ -608,7 +608,7 @@ def ended(state, interrupted_by=None):
         return text
     if state == S.STATE_INTERRUPTED:
         return "interrupted (%s escaped a step or reset)" % _cut_by(interrupted_by)
-    return "%s, after %s escaped a step or reset" % (text, _cut_by(interrupted_by))
+    return "%s, after %s" % (text, _cut_by(interrupted_by))
 
 
 def ended_by_trainer(trainer_state, interrupted_by, parent):

@@ -141,8 +141,8 @@ META_COPY = "copy"
 COPY_PICKLED = "pickled"  # an unpickled or deep-copied LedgerEnv
 COPY_REBUILT = "rebuilt"  # built while another LedgerEnv of this process recorded env-N.npz (env.spec.make(), ...)
 COPIES = (COPY_PICKLED, COPY_REBUILT)
-# how a recording's run was cut (docs/ENDINGS.md): the exception that escaped a step or reset it recorded (its
-# class name: "KeyboardInterrupt" for a Ctrl-C), and, in a file written on SIGTERM, the writer's parent process
+# how a recording's run was cut (docs/ENDINGS.md): the exception that escaped a step or reset it recorded, or
+# that ended its program (its class name: "KeyboardInterrupt" for a Ctrl-C), and, in a file written on SIGTERM, the writer's parent process
 # then (pid and start time), which compare holds against the trainer ledger's writer: the trainer's process
 # ending its vector env's workers, not a SIGTERM from outside
 META_INTERRUPTED_BY = "interrupted_by"

@@ -284,9 +284,10 @@ def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
             if (meta.get(S.META_HOST) == trainer.get(S.META_HOST) and isinstance(meta.get(S.META_PARENT_PID), int)
                     and meta.get(S.META_PARENT_PID) == trainer.get(S.META_PID)
                     and meta.get(S.META_PARENT_START) == trainer.get(S.META_PID_START)
-                    and trainer.get(S.META_INTERRUPTED_BY) in (None, "KeyboardInterrupt")):
-                # the trainer's process ended its workers; a worker killed from outside mid-run makes the
-                # trainer's next step fail (another exception), and is said as a SIGTERM
+                    and (trainer.get(S.META_INTERRUPTED_BY) in (None, "KeyboardInterrupt")
+                         or _after(meta.get(S.META_UPDATED), trainer.get(S.META_UPDATED)))):
+                # the trainer's process ended its workers. A worker killed from outside mid-run makes the
+                # trainer's next step fail (another exception) after the worker wrote: said as a SIGTERM.
                 return wording.ended_by_trainer(trainer.get(S.META_STATE, S.STATE_CLOSED),
                                                 trainer.get(S.META_INTERRUPTED_BY), meta.get(S.META_PARENT_PID))
     return wording.ended(state, meta.get(S.META_INTERRUPTED_BY))
@@ -304,6 +305,11 @@ def _agents_of(stream: Stream) -> list[str] | None:
     """The agents of a multi-agent env ledger's streams (its file's possible_agents), or None."""
     agents = stream.meta.get(S.META_POSSIBLE_AGENTS)
     return agents if isinstance(agents, list) and agents else None
+
+
+def _after(t: Any, other: Any) -> bool:
+    """Unix time ``t`` is not before ``other`` (as a meta holds them, to the millisecond)."""
+    return isinstance(t, (int, float)) and isinstance(other, (int, float)) and t >= other
 
 
 def _env_notes(env_ledger: Ledger, env_dir: LedgerPath, trainers: Sequence[Meta] = ()) -> list[str]:

@@ -59,8 +59,10 @@ def test_ctrl_c_is_not_called_a_sigterm(tmp_path):
     code, _, _, stderr = run_case(d, "async-fork", "ctrl-c")
     meta = metas(d)
     trainer = meta["trainer.npz"]
+    assert trainer[S.META_INTERRUPTED_BY] == "KeyboardInterrupt"  # it ended the program, in or out of a step
     text = compare_text(d)
     assert "got SIGTERM" not in text, text
+    assert "trainer.npz: written as its process exited without close(), after Ctrl-C" in text, text
     for name in ("env-0.npz", "env-1.npz"):  # each closed after its worker's own Ctrl-C, or ended by the trainer's
         if meta[name][S.META_STATE] == S.STATE_SIGNAL:
             assert (BY_TRAINER % trainer[S.META_PID]) in text and name in text, text
@@ -105,8 +107,8 @@ def test_a_sigterm_to_a_worker_mid_run_is_called_a_sigterm(tmp_path):
     assert "env-1.npz ended by the trainer's process" not in text, text
 
 
-@pytest.mark.parametrize("exc, said", [(KeyboardInterrupt, "after Ctrl-C escaped a step or reset"),
-                                       (RuntimeError, "after an exception (RuntimeError) escaped a step or reset")])
+@pytest.mark.parametrize("exc, said", [(KeyboardInterrupt, "after Ctrl-C"),
+                                       (RuntimeError, "after an exception (RuntimeError)")])
 def test_what_cut_the_run_is_said(tmp_path, run_python, exc, said):
     """An exception out of a recorded step, then an exit without close(): the ledger says which."""
     d = str(tmp_path)
@@ -126,3 +128,20 @@ def test_what_cut_the_run_is_said(tmp_path, run_python, exc, said):
     assert meta["trainer.npz"][S.META_INTERRUPTED_BY] == meta["env-0.npz"][S.META_INTERRUPTED_BY] == exc.__name__
     text = compare_text(d)
     assert "trainer.npz: written as its process exited without close(), %s" % said in text, text
+
+
+def test_an_exception_out_of_the_training_loop_is_said(tmp_path):
+    """The training loop raises: the program exits with it, and its process ends the workers after writing the
+    trainer ledger."""
+    d = str(tmp_path)
+    code, _, _, stderr = run_case(d, "async-fork", "exception")
+    assert code == 1 and "the training loop failed" in stderr, stderr[-3000:]
+    meta = metas(d)
+    trainer = meta["trainer.npz"]
+    assert trainer[S.META_INTERRUPTED_BY] == "RuntimeError"
+    text = compare_text(d)
+    assert "trainer.npz: written as its process exited without close(), after an exception (RuntimeError)" in text
+    assert "got SIGTERM" not in text, text
+    if any(m[S.META_STATE] == S.STATE_SIGNAL for n, m in meta.items() if n.startswith("env-")):
+        assert (BY_TRAINER % trainer[S.META_PID]) + ", which exited without close() after an exception (RuntimeError)" \
+            in text, text
