@@ -242,7 +242,7 @@ class Recording:
         if self.interrupted_by is not None:
             meta[S.META_INTERRUPTED_BY] = self.interrupted_by
         if state == S.STATE_SIGNAL:  # who it was that may have sent it: compare knows the trainer's process
-            parent = os.getppid()
+            parent = _parent_pid()
             meta[S.META_PARENT_PID] = parent
             parent_start = processes.start_time(parent)
             if parent_start is not None:
@@ -606,6 +606,14 @@ def _place_of(path, owner, on_exit):
                               "give each env its own index= (or each trainer ledger its own path)" % (owner, path))
     check_writable(path, owner)
     return LocalLedger()
+
+
+def _parent_pid():
+    """The process that started this one: for a multiprocessing worker the process that created it, whichever the
+    start method (under forkserver the operating system's parent is the fork server), else the parent."""
+    mp = sys.modules.get("multiprocessing")
+    parent = mp.parent_process() if mp is not None else None
+    return parent.pid if parent is not None and isinstance(parent.pid, int) else os.getppid()
 
 
 def _short(exc):

@@ -35,9 +35,10 @@ def metas(directory):
     return out
 
 
-def test_a_script_that_ends_without_close_is_not_called_a_sigterm(tmp_path):
+@pytest.mark.parametrize("harness", ["async-fork", "async-forkserver", "async-spawn", "subproc"])
+def test_a_script_that_ends_without_close_is_not_called_a_sigterm(tmp_path, harness):
     d = str(tmp_path)
-    code, workers, _, stderr = run_case(d, "async-fork", "no-close")
+    code, workers, _, stderr = run_case(d, harness, "no-close")
     assert code == 0, stderr[-3000:]
     meta = metas(d)
     trainer = meta["trainer.npz"]
