@@ -280,12 +280,26 @@ def _writer_alive(meta: Meta) -> bool | None:
     return processes.running(pid, start)
 
 
-def how_it_ended(meta: Meta) -> str | None:
-    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
+def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
+    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly.
+
+    An env ledger written on SIGTERM whose process's parent then was the writer of one of ``trainers`` (the
+    trainer ledgers' metas): said as the trainer's process ending its vector env's workers (docs/ENDINGS.md)."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
     if state == S.STATE_OPEN:
         return wording.still_open(_writer_alive(meta))
-    return wording.ENDED.get(state)
+    if state == S.STATE_SIGNAL:
+        for trainer in trainers:
+            if (meta.get(S.META_HOST) == trainer.get(S.META_HOST) and isinstance(meta.get(S.META_PARENT_PID), int)
+                    and meta.get(S.META_PARENT_PID) == trainer.get(S.META_PID)
+                    and meta.get(S.META_PARENT_START) == trainer.get(S.META_PID_START)
+                    and (trainer.get(S.META_INTERRUPTED_BY) in (None, "KeyboardInterrupt")
+                         or _after(meta.get(S.META_UPDATED), trainer.get(S.META_UPDATED)))):
+                # the trainer's process ended its workers. A worker killed from outside mid-run makes the
+                # trainer's next step fail (another exception) after the worker wrote: said as a SIGTERM.
+                return wording.ended_by_trainer(trainer.get(S.META_STATE, S.STATE_CLOSED),
+                                                trainer.get(S.META_INTERRUPTED_BY), meta.get(S.META_PARENT_PID))
+    return wording.ended(state, meta.get(S.META_INTERRUPTED_BY))
 
 
 def _ledger_note(name: str, meta: Meta, events: int) -> str | None:
@@ -302,11 +316,16 @@ def _agents_of(stream: Stream) -> list[str] | None:
     return agents if isinstance(agents, list) and agents else None
 
 
-def _env_notes(env_ledger: Ledger, env_dir: LedgerPath) -> list[str]:
+def _after(t: Any, other: Any) -> bool:
+    """Unix time ``t`` is not before ``other`` (as a meta holds them, to the millisecond)."""
+    return isinstance(t, (int, float)) and isinstance(other, (int, float)) and t >= other
+
+
+def _env_notes(env_ledger: Ledger, env_dir: LedgerPath, trainers: Sequence[Meta] = ()) -> list[str]:
     """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
     groups: dict[str, set[int]] = {}
     for idx, stream in env_ledger.streams.items():
-        ended = how_it_ended(stream.meta)
+        ended = how_it_ended(stream.meta, trainers)
         if ended is not None:
             agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
             groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
@@ -320,7 +339,7 @@ def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:
         which, gap = "env", n_tr - n_env
     else:
         which, gap = "trainer", n_env - n_tr
-    why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
+    why = [(side, how_it_ended(meta, [ts.meta])) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
     return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
                               min(n_env, n_tr), _agents_of(es))
 
@@ -804,8 +823,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                      or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
+        runs = {led.meta.get(S.META_RUN) for _, led in tr_ledger.named} - {None}
+
+        def linked(meta: Meta, idx: int) -> bool:  # the trainer side told this env ledger it is env idx of its run
+            return meta.get(S.META_RUN) in runs and meta.get(S.META_POSITION) == idx
         unread: list[tuple[str, str]] = []  # files named like env ledgers that are not: named, and the rest compared
-        env_ledger = read_ledger(env_dir, accept, unread)
+        env_ledger = read_ledger(env_dir, accept, unread, linked)
     except LedgerError:
         tr_ledger.close()
         raise
@@ -826,7 +849,11 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
         notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
         for name, idx, dup_meta in env_ledger.duplicates:
-            notes.append(wording.recorded_twice(name, idx))
+            if dup_meta.get(S.META_RUN) in runs and dup_meta.get(S.META_POSITION) is not None:
+                notes.append(wording.recorded_twice(name, idx))  # two of the trainer side's envs given one index
+            else:
+                notes.append(wording.recorded_copy(name, idx, env_ledger.duplicate_events.get(name, 0),
+                                                   dup_meta.get(S.META_COPY)))
         notes += _unindexed_notes(env_ledger, tr_ledger)
         for idx, stream in env_ledger.streams.items():
             position = stream.meta.get(S.META_POSITION)
@@ -903,7 +930,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
-            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".")
+            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".",
+            [led.meta for _, led in tr_ledger.named])
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
         agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)

@@ -161,7 +161,7 @@ def test_command_line(tmp_path, kind):
     assert (diff["env"], diff["episode"], diff["step"], diff["fields"]) == (1, first["episode"], first["step"],
                                                                             ["reward"])
     proc = _cli("show", d)
-    assert proc.returncode == 0 and proc.stdout.startswith(storage.local_path(d) + ": env side"), proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout.startswith(storage.local_path(d) + ": a directory of"), proc.stdout + proc.stderr
 
 
 def test_object_store_across_processes(tmp_path):
