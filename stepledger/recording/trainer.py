@@ -343,10 +343,11 @@ class TrainerLedger:
     # ------------------------------------------------------------------ per-env events
 
     def env_reset(self, i: int, obs: Any) -> None:
-        """Record that env ``i`` was reset and returned ``obs``."""
+        """Record that env ``i`` was reset and returned ``obs`` (None: a reset whose observation the library
+        never gave the trainer, recorded with the withheld marker)."""
         over = self._rec.env_reset(i, obs)
         if self.keep_values:
-            over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
+            over |= self.recording.values[i].append(None if obs is None else _cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
         self._after(over)
 
     def env_steps(self, i: int, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
@@ -360,6 +361,19 @@ class TrainerLedger:
             store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
             for k in range(m):
                 over |= store.append(orows[k], arows[k])
+        self._after(over)
+
+    def env_withheld(self, i: int, actions: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
+        """Record m steps of env ``i`` whose observations the library withheld from the trainer, as it says
+        it does (an ending step's final observation under TorchRL's ``auto_reset`` or ``compact_obs``):
+        each is recorded with the withheld marker, which compare reports as such, not as a difference."""
+        over = self._rec.env_steps(i, actions, None, rewards, terminated, truncated)
+        if self.keep_values:
+            m = len(np.asarray(rewards).reshape(-1))
+            arows = self.act_layout.cast_each(actions, m)
+            store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
+            for k in range(m):
+                over |= store.append(None, arows[k])
         self._after(over)
 
     def set_fragments(self, fragments: Mapping[int, Sequence[tuple[int, int]]]) -> None:
