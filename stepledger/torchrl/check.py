@@ -32,10 +32,9 @@ def collector_rollout(env_fn, vector, num_envs, steps, directory, fault=None, ta
 
     record = os.path.join(directory, "fault.json")
     wrap = inject_in_worker(fault, at=at, target=target, record=record) if fault is not None else None
-    fns = ledger_env_fns(env_fn, num_envs, directory, pass_index=True, wrap=wrap)
+    fns = ledger_env_fns(env_fn, num_envs, directory, pass_index=True, wrap=wrap, seed=seed)
     env = (SerialEnv if vector == "serial" else ParallelEnv)(num_envs, fns)
     torch.manual_seed(seed)
-    env.set_seed(seed)
     collector = LedgerCollector(Collector(env, None, frames_per_batch=num_envs * min(steps, 50),
                                           total_frames=num_envs * steps),
                                 os.path.join(directory, "trainer.npz"), fns)

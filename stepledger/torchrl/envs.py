@@ -75,13 +75,16 @@ class LedgerEnvFn:
         wrap: optional ``wrap(env, index)`` applied outside ``LedgerEnv``,
             before GymWrapper (an injector such as ``FaultyEnv``: what it
             changes is on the boundary).
+        seed: seeds the env with ``seed + index`` (a reset inside LedgerEnv) before the run. TorchRL's own
+            ``env.set_seed(s)`` resets each env through GymWrapper (``reset(seed=...)``), outside LedgerEnv: a
+            reset the trainer never receives, which compare reports; seed here instead.
         gym_kwargs: passed to ``GymWrapper`` (``categorical_action_encoding``,
             ``device``, ...).
         ledger_kwargs: passed to ``LedgerEnv`` (``reward_dtype``,
             ``keep_values``, ``flush_interval``).
     """
 
-    def __init__(self, make_env, directory, index, *, pass_index=False, wrap=None, gym_kwargs=None,
+    def __init__(self, make_env, directory, index, *, pass_index=False, wrap=None, gym_kwargs=None, seed=None,
                  **ledger_kwargs):
         if not callable(make_env):
             raise TypeError("LedgerEnvFn: make_env must be callable (it builds the env), got %r" % (make_env,))
@@ -89,11 +92,14 @@ class LedgerEnvFn:
             raise ValueError("LedgerEnvFn: index must be the env's position (a non-negative int), got %r" % (index,))
         self.make_env, self.directory, self.index = make_env, directory, index
         self.pass_index, self.wrap, self.gym_kwargs = bool(pass_index), wrap, dict(gym_kwargs or {})
-        self.ledger_kwargs = ledger_kwargs
+        self.seed, self.ledger_kwargs = seed, ledger_kwargs
 
     def gym_env(self):
         """The Gymnasium env as GymWrapper gets it: the user's env in LedgerEnv (and ``wrap``)."""
         env = self.make_env(self.index) if self.pass_index else self.make_env()
+        if self.seed is not None:  # inside the ledger: the seeding reset is not a reset the trainer gets
+            env.reset(seed=self.seed + self.index)
+            env.action_space.seed(self.seed + self.index)
         env = LedgerEnv(env, self.directory, index=self.index, **self.ledger_kwargs)
         if self.wrap is not None:
             env = self.wrap(env, self.index)
