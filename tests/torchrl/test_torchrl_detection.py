@@ -46,7 +46,9 @@ class _Inject:
 def _steps(fault, dose):
     if dose != 0.01:
         return 60
-    return 1500 if fault.split(":")[0] in ("final-obs", "terminated", "truncated") else 400
+    if fault.split(":")[0] == "terminated":
+        return 6000  # CartPole's terminations, 1 in 100 of them struck: enough of them in both envs
+    return 1500 if fault.split(":")[0] in ("final-obs", "truncated") else 400
 
 
 @pytest.mark.parametrize("dose", DOSES, ids=str)
