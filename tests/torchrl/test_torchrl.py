@@ -196,3 +196,32 @@ def test_stepledger_check_trainer_torchrl_runs_the_fault_matrix(tmp_path):
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 of 3 exercised faults caught and located" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("vector,how", [("serial", "ctrl-c"), ("parallel", "ctrl-c"), ("parallel", "kill-worker")])
+def test_an_interrupted_run_ends_as_docs_endings_says(tmp_path, vector, how):
+    """Ctrl-C to the process group, or SIGKILL to a ParallelEnv worker, in the middle of collecting: every ledger
+    is on disk (a killed worker's as its spill), nothing is a difference, and the notes say how each ended."""
+    import signal
+    d = str(tmp_path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen([sys.executable, "-c", "import trl_harness as H; H.main(%r, 'wait', %r)" % (vector, d)],
+                            cwd=here, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, here])))
+    try:
+        ready = proc.stdout.readline().split()
+        assert ready and ready[0] == "ready", ready
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(int(ready[1]), signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert not report.differences, str(report)
+    assert sorted(report.envs) == [0, 1]
+    assert any("exited without close()" in n for n in report.notes), report.notes
+    if how == "kill-worker":
+        assert any("not closed (its process is gone)" in n for n in report.notes), report.notes
