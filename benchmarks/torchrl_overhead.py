@@ -126,7 +126,10 @@ def main(argv=None):
     size = os.path.getsize(os.path.join(directory, "trainer.npz"))
     shutil.rmtree(directory, ignore_errors=True)
     ratio = statistics.median(ratios)
-    instructions = None if args.quick else _callgrind.per_call(__file__, ["--envs", n, "--frames", args.frames], 4)
+    print("median paired ratio %.3fx; counting the trainer side under callgrind (minutes: torch under valgrind)"
+          % ratio, flush=True)
+    instructions = None if args.quick else _callgrind.per_call(__file__, ["--envs", n, "--frames", args.frames], 4,
+                                                               timeout=3600)
     lines = [
         "TorchRL Collector, %d Pendulum-v1 envs in a ParallelEnv (GymWrapper), random actions, %d paired rounds of "
         "%s-frame batches" % (n, args.rounds, f"{args.frames:,}"),
