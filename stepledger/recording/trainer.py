@@ -343,11 +343,10 @@ class TrainerLedger:
     # ------------------------------------------------------------------ per-env events
 
     def env_reset(self, i: int, obs: Any) -> None:
-        """Record that env ``i`` was reset and returned ``obs`` (None: a reset whose observation the library
-        never gave the trainer, recorded with the withheld marker)."""
+        """Record that env ``i`` was reset and returned ``obs``."""
         over = self._rec.env_reset(i, obs)
         if self.keep_values:
-            over |= self.recording.values[i].append(None if obs is None else _cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
+            over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
         self._after(over)
 
     def env_steps(self, i: int, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
@@ -361,6 +360,15 @@ class TrainerLedger:
             store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
             for k in range(m):
                 over |= store.append(orows[k], arows[k])
+        self._after(over)
+
+    def env_reset_withheld(self, i: int) -> None:
+        """Record a reset of env ``i`` whose observation the library never gave the trainer (TorchRL resets an
+        env as soon as its episode ends; after the run's last batch no batch brings that observation): recorded
+        with the withheld marker, as ``env_withheld`` records a step's."""
+        over = self._rec.env_reset(i, None)
+        if self.keep_values:
+            over |= self.recording.values[i].append(None, None)  # type: ignore[union-attr]  # kept values: a file
         self._after(over)
 
     def env_withheld(self, i: int, actions: Any, rewards: Any, terminated: Any, truncated: Any) -> None:

@@ -239,7 +239,7 @@ class _Book:
         env's last step (the collector resets an env as soon as its episode ends): recorded as withheld."""
         for i in range(self.n):
             if self.reset_due[i]:  # the env was reset after its last step, and the run stopped before a batch had it
-                self.ledger.env_reset(i, None)
+                self.ledger.env_reset_withheld(i)
             if self.pending[i] is not None:
                 a, rw, te, tr = self.pending[i]
                 self.pending[i] = None
