@@ -491,6 +491,16 @@ def no_env_ledger_yet(env, events):
             "compared" % (env, f"{events:,}"))
 
 
+def withheld_obs(counts):
+    """Observations the library withheld from the trainer, as it says it does (per env, how many)."""
+    total = sum(counts.values())
+    envs = ", ".join(str(e) for e in sorted(counts))
+    return ("%s the trainer never had, withheld by the library as it says it does (a final observation under "
+            "TorchRL's auto_reset or compact_obs, or the reset after a collector's last batch), in env%s %s: "
+            "the env's were taken in their place, not a difference"
+            % ("%d observation%s" % (total, "" if total == 1 else "s"), "s" if len(counts) > 1 else "", envs))
+
+
 def length_line(env, episode, step, env_events, trainer_events, agents=None):
     """Two streams that agree as far as both go, in a run that ended cleanly: one stops early."""
     shorter = "trainer" if trainer_events < env_events else "env"
@@ -881,6 +891,8 @@ def digest_text(h):
         return "missing"
     if h == core.INVALID_DIGEST:
         return "invalid"
+    if h == core.WITHHELD_DIGEST:
+        return "withheld"
     return None
 
 

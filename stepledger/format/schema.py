@@ -96,6 +96,7 @@ DIGEST_SIZE = 8
 # length of their dtype tag (2 or 3), these start with a zero byte.
 MISSING_MESSAGE = b"\x00missing"  # a value the trainer never received
 INVALID_MESSAGE = b"\x00invalid"  # a value that cannot be cast to its space
+WITHHELD_MESSAGE = b"\x00withheld"  # a final observation the library never gave the trainer, as it says it does
 # The action and reward fields of a reset event hold this.
 NO_DIGEST = 0
 

@@ -372,6 +372,28 @@ class TrainerLedger:
                 over |= store.append(orows[k], arows[k])
         self._after(over)
 
+    def env_reset_withheld(self, i: int) -> None:
+        """Record a reset of env ``i`` whose observation the library never gave the trainer (TorchRL resets an
+        env as soon as its episode ends; after the run's last batch no batch brings that observation): recorded
+        with the withheld marker, as ``env_withheld`` records a step's."""
+        over = self._rec.env_reset(i, None)
+        if self.keep_values:
+            over |= self.recording.values[i].append(None, None)  # type: ignore[union-attr]  # kept values: a file
+        self._after(over)
+
+    def env_withheld(self, i: int, actions: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
+        """Record m steps of env ``i`` whose observations the library withheld from the trainer, as it says
+        it does (an ending step's final observation under TorchRL's ``auto_reset`` or ``compact_obs``):
+        each is recorded with the withheld marker, which compare reports as such, not as a difference."""
+        over = self._rec.env_steps(i, actions, None, rewards, terminated, truncated)
+        if self.keep_values:
+            m = len(np.asarray(rewards).reshape(-1))
+            arows = self.act_layout.cast_each(actions, m)
+            store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
+            for k in range(m):
+                over |= store.append(None, arows[k])
+        self._after(over)
+
     def set_fragments(self, fragments: Mapping[int, Sequence[tuple[int, int]]]) -> None:
         """For a recorder that sees slices of its envs' streams, as each of several learners does:
         ``fragments[i]`` is a list of (offset, row) pairs, each saying that stream i's events from its row

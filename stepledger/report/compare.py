@@ -378,9 +378,20 @@ def _read_rows(stream: Stream, names: Sequence[str], start: int, stop: int) -> C
     return {n: (v[0] if len(v) == 1 else np.concatenate(v)) for n, v in parts.items()}
 
 
-def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
+def _take_withheld(a: Columns, b: Columns) -> int:
+    """Where the trainer side recorded an observation as withheld (the library never gave it, as it says it
+    does: TorchRL's auto_reset and compact_obs), compare the env's in its place; how many there were."""
+    mask = np.asarray(b["h_obs"]) == core.WITHHELD_DIGEST
+    k = int(np.count_nonzero(mask))
+    if k:
+        b["h_obs"] = np.where(mask, a["h_obs"], b["h_obs"])
+    return k
+
+
+def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool, withheld: list[int] | None = None
                     ) -> tuple[int, dict[str, Any] | None, tuple[int, int] | None]:
-    """First differing event index (or -1), counts per field if asked, and env positions."""
+    """First differing event index (or -1), counts per field if asked, and env positions; the number of
+    withheld observations compared is appended to ``withheld``."""
     n = min(len(env_stream), len(tr_stream))
     first = -1
     counts: dict[str, Any] | None = {f: 0 for f in S.FIELDS} if count_all else None
@@ -391,6 +402,9 @@ def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
         stop = min(start + CHUNK, n)
         a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
         b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        held = _take_withheld(a, b)
+        if withheld is not None and held:
+            withheld.append(held)
         if first < 0:
             i = core.first_difference(a, b)
             if i >= 0:
@@ -874,6 +888,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
         other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
         uncompared: set[int] = set()
+        withheld: dict[int, int] = {}  # per env, the observations the library withheld from the trainer
         for k, e in enumerate(envs):
             if progress is not None:
                 progress(k, len(envs))
@@ -890,7 +905,10 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                 differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
                                                  env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
                 continue
-            first, counts, position = _compare_stream(es, ts, count_all)
+            held: list[int] = []
+            first, counts, position = _compare_stream(es, ts, count_all, held)
+            if held:
+                withheld[e] = sum(held)
             overlap = overlaps.get(e)
             if overlap is not None and 0 <= first < overlap[0]:
                 notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
@@ -923,6 +941,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             differences.append(d)
         if progress is not None:
             progress(len(envs), len(envs))
+        if withheld:
+            notes.append(wording.withheld_obs(withheld))
         envs = [e for e in envs if e not in uncompared]
         if differences:  # a difference is reported from files whose every checksum holds, never from damage
             differing = [d.env for d in differences]
