@@ -862,8 +862,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
         notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
+        # trainer streams no env ledger holds: beside a second recording of one index, two of the trainer side's
+        # envs were most likely given that index (the trainer side told neither its position)
+        missing = recorded - set(env_ledger.streams)
         for name, idx, dup_meta in env_ledger.duplicates:
-            if dup_meta.get(S.META_RUN) in runs and dup_meta.get(S.META_POSITION) is not None:
+            if (dup_meta.get(S.META_RUN) in runs and dup_meta.get(S.META_POSITION) is not None) or (
+                    missing and dup_meta.get(S.META_COPY) is None and dup_meta.get(S.META_POSITION) is None):
                 notes.append(wording.recorded_twice(name, idx))  # two of the trainer side's envs given one index
             else:
                 notes.append(wording.recorded_copy(name, idx, env_ledger.duplicate_events.get(name, 0),
