@@ -46,6 +46,9 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
     an agent is its reset; an action opens its step, closed at its next turn by the observation, the
     cumulative reward and the end flags it is given there. A terminated or truncated agent's step is closed
     at the turn where it is told so; the ``None`` step that follows records nothing, and the agent leaves.
+    An agent whose observation is handed out through ``observe(agent)`` before its turn comes (as
+    ``aec_to_parallel`` does for every agent at the end of a cycle) has its step closed there, with its
+    cumulative reward and flags at that moment.
 
     Args:
         env: the AEC env (``possible_agents`` set; every agent of one observation space and one action space).
@@ -60,6 +63,7 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         super().__init__(env)
         self._open_agents(env, directory, index, reward_dtype, keep_values, flush_interval, False)
         self._acted: set[Any] = set()  # agents whose step is open: it closes at their next turn
+        self._gone: set[Any] = set()  # agents that ended in this game: they take part again after a reset
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         recorders = self._recorder()
@@ -68,7 +72,7 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         except BaseException:
             self._interrupted()
             raise
-        self._in_play, self._acted = set(), set()
+        self._in_play, self._acted, self._gone = set(), set(), set()
         if self._turn(recorders):
             attend()
 
@@ -86,9 +90,22 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         if self._turn(recorders):
             attend()
 
+    def observe(self, agent: Any) -> Any:
+        obs = self.env.observe(agent)
+        # handed out before its turn (aec_to_parallel hands every agent's out at a reset and a cycle's end)
+        if agent not in self._gone and (agent in self._acted or agent not in self._in_play):
+            recorders = self._recorder()
+            rec = recorders.get(agent)
+            env = self.env
+            if rec is not None and agent in env.agents:
+                te, tr = bool(env.terminations[agent]), bool(env.truncations[agent])
+                if self._record(agent, rec, obs, env._cumulative_rewards[agent], te, tr):
+                    attend()
+        return obs
+
     def _turn(self, recorders: dict[Any, Any]) -> bool:
         """The turn of the agent selected now: record what ``last()`` gives it (a reset at its first turn, the
-        close of its open step at a later one)."""
+        close of its open step at a later one), unless it was recorded already."""
         env = self.env
         if not env.agents:
             return False
@@ -97,18 +114,24 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         if rec is None:
             self._unknown(agent)
             return False
+        if agent in self._gone or (agent in self._in_play and agent not in self._acted):
+            return False  # recorded already (its None turn after it was handed out, or its turn again)
+        obs, reward, te, tr, _ = env.last()
+        return self._record(agent, rec, obs, reward, te, tr)
+
+    def _record(self, agent: Any, rec: Any, obs: Any, reward: Any, te: bool, tr: bool) -> bool:
+        """What ``agent`` is given now: the close of its open step, or else its first observation (a reset)."""
         if agent in self._acted:
-            obs, reward, te, tr, _ = env.last()
             self._acted.discard(agent)
-            if te or tr:
-                self._in_play.discard(agent)
-            return rec.step_taken(obs, reward, te, tr)
-        if agent in self._in_play:  # its turn again with no action since (nothing new to record)
-            return False
-        obs, _, te, tr, _ = env.last()
-        if not (te or tr):
+            over = rec.step_taken(obs, reward, te, tr)
+        else:
+            over = rec.reset(obs)
+        if te or tr:
+            self._in_play.discard(agent)
+            self._gone.add(agent)
+        else:
             self._in_play.add(agent)
-        return rec.reset(obs)
+        return over
 
     # ledger_path, flush() and close(): EnvAdapter's
 

@@ -136,7 +136,7 @@ def _one_space(env, kind, agents, owner="LedgerParallelEnv"):
 
 # (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
 # (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
-_COPIES: list[tuple[int, weakref.ref[LedgerParallelEnv]]] = []
+_COPIES: list[tuple[int, weakref.ref[AgentLedger]]] = []
 
 
 class AgentLedger(EnvAdapter):
@@ -148,6 +148,11 @@ class AgentLedger(EnvAdapter):
     """
 
     owner = "AgentLedger"
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _COPIES[:] = [(pid, ref) for pid, ref in _COPIES if ref() is not None]
+        _COPIES.append((os.getpid(), weakref.ref(self)))
 
     def _open_agents(self, env: Any, directory: str | os.PathLike[str], index: int | None, reward_dtype: Any,
                      keep_values: bool, flush_interval: float | None, live: bool) -> None:
@@ -257,11 +262,6 @@ class LedgerParallelEnv(AgentLedger, BaseParallelWrapper):
         super().__init__(env)
         self._open_agents(env, directory, index, reward_dtype, keep_values, flush_interval, live)
 
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        _COPIES[:] = [(pid, ref) for pid, ref in _COPIES if ref() is not None]
-        _COPIES.append((os.getpid(), weakref.ref(self)))
-
     # ------------------------------------------------------------------ events
 
     def reset(self, seed: int | None = None,
@@ -362,7 +362,7 @@ def _supersuit_inner(venv):
 
 def _ledger_in(par_env):
     env = par_env
-    while env is not None and not isinstance(env, LedgerParallelEnv):
+    while env is not None and not isinstance(env, AgentLedger):  # LedgerParallelEnv, or LedgerAECEnv in aec_to_parallel
         # most SuperSuit wrappers of a parallel env wrap it as an AEC env: aec_to_parallel(w(parallel_to_aec(env)))
         env = own_attr(env, "env") or own_attr(env, "aec_env")
     return env

@@ -260,3 +260,42 @@ def test_no_index_is_one_line(tmp_path):
         env.reset()
     with pytest.raises(LedgerError, match="^LedgerAECEnv: directory .* looks like a ledger file"):
         LedgerAECEnv(tictactoe_v3.env(), str(tmp_path / "x.npz"))
+
+
+# ---------------------------------------------------------------- aec_to_parallel into the parallel-API trainer sides
+
+@pytest.mark.parametrize("form,num_cpus", [("gymnasium", 0), ("sb3", 0), ("gymnasium", 2)])
+def test_aec_to_parallel_into_supersuit_compares_clean(tmp_path, form, num_cpus):
+    """mpe2's turn-based simple_spread through aec_to_parallel and SuperSuit's vector envs: each agent's turns
+    are its parallel steps (aec_to_parallel hands every agent's observation out at a cycle's end, where the
+    turn-based ledger closes its step), over several time limits."""
+    ss = pytest.importorskip("supersuit")
+    simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+    from pettingzoo.utils.conversions import aec_to_parallel
+    from stepledger.pettingzoo import LedgerSuperSuitVecEnv, index_supersuit_copies
+    from stepledger.sb3 import LedgerVecEnv
+    d = str(tmp_path)
+    env = aec_to_parallel(LedgerAECEnv(simple_spread_v3.env(N=3, max_cycles=10, continuous_actions=True), d))
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 2, num_cpus=num_cpus,
+                                 base_class="gymnasium" if form == "gymnasium" else "stable_baselines3")
+    trainer = os.path.join(d, "trainer.npz")
+    if form == "gymnasium":
+        venv = LedgerSuperSuitVecEnv(venv, trainer)
+        venv.reset(seed=0)
+    else:
+        index_supersuit_copies(venv)
+        venv = LedgerVecEnv(venv, trainer)
+        venv.reset()
+    space = venv.action_space
+    space.seed(0)
+    for _ in range(25):
+        venv.step(np.stack([space.sample() for _ in range(venv.num_envs)]))
+    venv.close()
+    report = compare(d, trainer)
+    if form == "sb3":  # SuperSuit's SB3 form tells each time limit as a termination (PettingZoo issue 1126)
+        assert {x.fields for x in report.differences} == {("terminated", "truncated")}, str(report)
+        assert len(report.differences) == 6
+    else:
+        assert report.ok, str(report)
+    with read(os.path.join(d, "env-1.npz")) as led:
+        assert all((led.streams[s].columns["kind"] == S.KIND_RESET).sum() == 3 for s in (3, 4, 5))
