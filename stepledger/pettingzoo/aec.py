@@ -48,7 +48,10 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
     at the turn where it is told so; the ``None`` step that follows records nothing, and the agent leaves.
     An agent whose observation is handed out through ``observe(agent)`` before its turn comes (as
     ``aec_to_parallel`` does for every agent at the end of a cycle) has its step closed there, with its
-    cumulative reward and flags at that moment.
+    cumulative reward and flags at that moment. An agent whose open step another agent's move ended, and
+    whose ``None`` turn never comes before the next reset or close (a trainer that stops at the game's end,
+    as Tianshou's collector does), has it closed with what ``observe()``, its cumulative reward and its
+    flags gave as the game ended.
 
     Args:
         env: the AEC env (``possible_agents`` set; every agent of one observation space and one action space).
@@ -64,9 +67,12 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         self._open_agents(env, directory, index, reward_dtype, keep_values, flush_interval, False)
         self._acted: set[Any] = set()  # agents whose step is open: it closes at their next turn
         self._gone: set[Any] = set()  # agents that ended in this game: they take part again after a reset
+        self._final: dict[Any, tuple[Any, Any, bool, bool]] = {}  # agent -> what it was given as its step ended
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         recorders = self._recorder()
+        if self._final and self._close_ended():
+            attend()
         try:
             self.env.reset(seed=seed, options=options)
         except BaseException:
@@ -87,8 +93,34 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         except BaseException:
             self._interrupted()
             raise
-        if self._turn(recorders):
+        over = self._turn(recorders)
+        if self._acted:
+            over |= self._ended(recorders)
+        if over:
             attend()
+
+    def _ended(self, recorders: dict[Any, Any]) -> bool:
+        """Keep what each agent whose open step this step ended (terminated or truncated) is given now: its
+        step closes at its ``None`` turn, or, where that never comes (a trainer that stops at the game's end, as
+        Tianshou's collector does), with these values at the next reset or at close."""
+        env = self.env
+        terminations, truncations = env.terminations, env.truncations
+        for agent in self._acted:
+            if agent not in self._final and (terminations.get(agent) or truncations.get(agent)):
+                self._final[agent] = (copy_value(env.observe(agent)), env._cumulative_rewards[agent],
+                                      bool(terminations[agent]), bool(truncations[agent]))
+        return False
+
+    def _close_ended(self) -> bool:
+        """The steps kept by ``_ended`` whose ``None`` turn never came: closed with what they kept."""
+        over = False
+        recorders = self._recorders or {}
+        for agent, (obs, reward, te, tr) in list(self._final.items()):
+            over |= self._record(agent, recorders[agent], obs, reward, te, tr)
+        return over
+
+    def _closing(self) -> None:
+        self._close_ended()
 
     def observe(self, agent: Any) -> Any:
         obs = self.env.observe(agent)
@@ -121,6 +153,7 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
 
     def _record(self, agent: Any, rec: Any, obs: Any, reward: Any, te: bool, tr: bool) -> bool:
         """What ``agent`` is given now: the close of its open step, or else its first observation (a reset)."""
+        self._final.pop(agent, None)
         if agent in self._acted:
             self._acted.discard(agent)
             over = rec.step_taken(obs, reward, te, tr)

@@ -15,6 +15,7 @@ from gymnasium import spaces  # noqa: E402
 from stepledger import LedgerError, compare, read  # noqa: E402
 from stepledger.format import schema as S  # noqa: E402
 from stepledger.pettingzoo import LedgerAECEnv, TurnLedger  # noqa: E402
+from aec_games import play, run  # noqa: E402
 
 GAMES = {"tictactoe": tictactoe_v3, "connect_four": connect_four_v3}
 
@@ -26,42 +27,6 @@ def holdem():
 def rewards_of(stream):
     """A float32 ledger's rewards, as numbers."""
     return stream.columns["h_rew"].astype(np.uint32).view(np.float32)
-
-
-def play(env, turns, games, seed=0, on_turn=None):
-    """``games`` games of random legal moves through the agent_iter loop, the trainer side fed by ``turns``;
-    ``on_turn(agent, values)`` may change (obs, reward, termination, truncation) on their way to the trainer.
-    Returns each agent's actions taken, per game."""
-    rng = np.random.default_rng(seed)
-    taken = []
-    for game in range(games):
-        env.reset(seed=seed + game)
-        moves = {a: 0 for a in env.possible_agents}
-        for agent in env.agent_iter():
-            obs, reward, term, trunc, info = env.last()
-            values = [obs, reward, term, trunc]
-            if on_turn is not None:
-                on_turn(agent, values)
-            turns.observed(agent, *values)
-            mask = obs["action_mask"] if isinstance(obs, dict) else np.ones(env.action_space(agent).n)
-            action = None if term or trunc else int(rng.choice(np.flatnonzero(mask)))
-            turns.acted(agent, action)
-            if action is not None:
-                moves[agent] += 1
-            env.step(action)
-        taken.append(moves)
-    return taken
-
-
-def run(d, make, games=4, on_turn=None, index=0):
-    env = LedgerAECEnv(make(), d, index=index)
-    agent = env.possible_agents[0]
-    turns = TurnLedger(os.path.join(d, "trainer.npz"), env.possible_agents, env.observation_space(agent),
-                       env.action_space(agent))
-    taken = play(env, turns, games, on_turn=on_turn)
-    env.close()
-    turns.close()
-    return compare(d, os.path.join(d, "trainer.npz")), taken, env.possible_agents
 
 
 @pytest.mark.parametrize("game", sorted(GAMES))
