@@ -23,7 +23,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from stepledger.pettingzoo.parallel import AgentLedger, agent_streams
+from stepledger.pettingzoo.streams import AgentLedger, agent_streams
 from stepledger.recording.batches import copy_value, map_leaves
 from stepledger.recording.hooks import attend
 from stepledger.recording.trainer import TrainerLedger
@@ -69,12 +69,18 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         self._gone: set[Any] = set()  # agents that ended in this game: they take part again after a reset
         self._final: dict[Any, tuple[Any, Any, bool, bool]] = {}  # agent -> what it was given as its step ended
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+    @property
+    def _cumulative_rewards(self) -> dict[Any, Any]:  # what AECEnv.last() reads; PettingZoo 1.22's wrappers hide it
+        return self.env._cumulative_rewards
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """Reset the env (``kwargs``: what an older PettingZoo's wrappers pass on, such as 1.22's
+        ``return_info``)."""
         recorders = self._recorder()
         if self._final and self._close_ended():
             attend()
         try:
-            self.env.reset(seed=seed, options=options)
+            self.env.reset(seed=seed, options=options, **kwargs)
         except BaseException:
             self._interrupted()
             raise
