@@ -41,8 +41,8 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
     stay inside it), and everything between it and the trainer (``aec_to_parallel``, SuperSuit's wrappers,
     Tianshou's ``PettingZooEnv``, a loop of your own) is the checked boundary.
 
-    What it records is what ``last()`` gives the agent whose turn it is, when its turn comes (after
-    ``reset()`` and after each ``step()``), whether or not the trainer calls ``last()``: the first turn of
+    What it records is what ``last()`` gives the agent whose turn it is, as the trainer is given it (at its
+    ``last()``, or at the ``step()`` of a trainer that takes the turn without it): the first turn of
     an agent is its reset; an action opens its step, closed at its next turn by the observation, the
     cumulative reward and the end flags it is given there. A terminated or truncated agent's step is closed
     at the turn where it is told so; the ``None`` step that follows records nothing, and the agent leaves.
@@ -76,7 +76,7 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Reset the env (``kwargs``: what an older PettingZoo's wrappers pass on, such as 1.22's
         ``return_info``)."""
-        recorders = self._recorder()
+        self._recorder()  # an index first
         if self._final and self._close_ended():
             attend()
         try:
@@ -85,12 +85,24 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
             self._interrupted()
             raise
         self._in_play, self._acted, self._gone = set(), set(), set()
-        if self._turn(recorders):
-            attend()
+
+    def last(self, observe: bool = True) -> tuple[Any, Any, bool, bool, Any]:
+        obs, reward, te, tr, info = self.env.last(observe)
+        if observe:
+            agent = self.env.agent_selection
+            if agent not in self._gone and (agent in self._acted or agent not in self._in_play):
+                rec = self._recorder().get(agent)
+                if rec is None:
+                    self._unknown(agent)
+                elif self._record(agent, rec, obs, reward, bool(te), bool(tr)):
+                    attend()
+        return obs, reward, te, tr, info
 
     def step(self, action: Any) -> None:
         recorders = self._recorder()
         agent = self.env.agent_selection
+        if agent not in self._gone and (agent in self._acted or agent not in self._in_play):
+            self.last()  # its turn, which the trainer took without last() or observe(): recorded now
         if action is not None and agent in self._in_play:
             recorders[agent].take_action(action)  # before the env (which may change it in place) sees it
             self._acted.add(agent)
@@ -99,10 +111,7 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         except BaseException:
             self._interrupted()
             raise
-        over = self._turn(recorders)
-        if self._acted:
-            over |= self._ended(recorders)
-        if over:
+        if self._acted and self._ended(recorders):
             attend()
 
     def _ended(self, recorders: dict[Any, Any]) -> bool:
@@ -111,6 +120,8 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
         Tianshou's collector does), with these values at the next reset or at close."""
         env = self.env
         terminations, truncations = env.terminations, env.truncations
+        if not (any(terminations.values()) or any(truncations.values())):
+            return False
         for agent in self._acted:
             if agent not in self._final and (terminations.get(agent) or truncations.get(agent)):
                 self._final[agent] = (copy_value(env.observe(agent)), env._cumulative_rewards[agent],
@@ -140,22 +151,6 @@ class LedgerAECEnv(AgentLedger, BaseWrapper):
                 if self._record(agent, rec, obs, env._cumulative_rewards[agent], te, tr):
                     attend()
         return obs
-
-    def _turn(self, recorders: dict[Any, Any]) -> bool:
-        """The turn of the agent selected now: record what ``last()`` gives it (a reset at its first turn, the
-        close of its open step at a later one), unless it was recorded already."""
-        env = self.env
-        if not env.agents:
-            return False
-        agent = env.agent_selection
-        rec = recorders.get(agent)
-        if rec is None:
-            self._unknown(agent)
-            return False
-        if agent in self._gone or (agent in self._in_play and agent not in self._acted):
-            return False  # recorded already (its None turn after it was handed out, or its turn again)
-        obs, reward, te, tr, _ = env.last()
-        return self._record(agent, rec, obs, reward, te, tr)
 
     def _record(self, agent: Any, rec: Any, obs: Any, reward: Any, te: bool, tr: bool) -> bool:
         """What ``agent`` is given now: the close of its open step, or else its first observation (a reset)."""
