@@ -14,13 +14,13 @@ from stepledger._moved import lazy_face
 if TYPE_CHECKING:  # what an editor and a type checker see; at run time each name is imported on first use
     from stepledger.pettingzoo.parallel import PETTINGZOO_NEEDS, LedgerParallelEnv, LedgerSuperSuitVecEnv, agent_streams, index_supersuit_copies, slot_map
     from stepledger.pettingzoo.aec import LedgerAECEnv, TurnLedger
-    from stepledger.pettingzoo.faults import FaultyParallelEnv
+    from stepledger.pettingzoo.faults import FaultyAECEnv, FaultyParallelEnv
     from stepledger.pettingzoo.check import check_parallel, parallel_env_factory
 
 _NAMES = {
     **dict.fromkeys(('LedgerParallelEnv', 'LedgerSuperSuitVecEnv', 'PETTINGZOO_NEEDS', 'agent_streams', 'index_supersuit_copies', 'slot_map'), 'parallel'),
     **dict.fromkeys(('LedgerAECEnv', 'TurnLedger'), 'aec'),
-    **dict.fromkeys(('FaultyParallelEnv',), 'faults'),
+    **dict.fromkeys(('FaultyAECEnv', 'FaultyParallelEnv'), 'faults'),
     **dict.fromkeys(('check_parallel', 'parallel_env_factory'), 'check'),
 }
 __all__ = sorted(_NAMES)
