@@ -158,8 +158,56 @@ def parallel_env_factory(module, max_cycles=None):
 
 
 
+class _AECEnvFactory:
+    """A picklable factory for ``MODULE.env()``, a PettingZoo turn-based env."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self):
+        import importlib
+        return importlib.import_module(self.module).env()
+
+
+def aec_env_factory(module):
+    """A factory for the turn-based env of PettingZoo env module ``module`` (``pettingzoo.classic.tictactoe_v3``):
+    its ``env()``; refuses (ValueError, one line) a module that cannot make one."""
+    import importlib
+    try:
+        if getattr(importlib.import_module(module), "env", None) is None:
+            raise ValueError("it has no env()")
+        env = _AECEnvFactory(module)()
+        if not getattr(env, "possible_agents", None):
+            raise ValueError("its env() has no possible_agents")
+        env.close()
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError("cannot make turn-based env %r: %s" % (module, text)) from None
+    return _AECEnvFactory(module)
+
+
+def _api(args):
+    """``--api``, or where it is not given: "parallel" for a module with parallel_env(), else "aec"."""
+    api = getattr(args, "api", None)
+    if api:
+        return api
+    import importlib
+    try:
+        has_parallel = getattr(importlib.import_module(args.env_id), "parallel_env", None) is not None
+    except Exception:
+        return "parallel"  # parallel_env_factory says what is wrong with the module
+    return "parallel" if has_parallel else "aec"
+
+
 def check_from_cli(args, progress):
-    """``stepledger check --trainer supersuit``: check_parallel on the env module ``args.env_id``."""
+    """``stepledger check --trainer supersuit``: check_parallel on the env module ``args.env_id``; on a turn-based
+    env (``--api aec``, or a module with no parallel_env(), such as PettingZoo's classic games), check_turns:
+    ``--steps`` games through the hand-written agent_iter loop."""
+    if _api(args) == "aec":
+        from stepledger.faults.engine import TURN_FAULTS
+        faults = faults_from(args.faults, TURN_FAULTS) if args.faults else None
+        return check_turns(aec_env_factory(args.env_id), games=args.steps, faults=faults, agent=args.agent,
+                           directory=args.dir, keep=args.keep, progress=progress)
     faults = faults_from(args.faults, MULTIAGENT_FAULTS) if args.faults else None
     env_fn = parallel_env_factory(args.env_id, args.max_episode_steps)
     return check_parallel(env_fn, form=args.form, copies=args.num_envs, num_cpus=args.num_cpus, steps=args.steps,

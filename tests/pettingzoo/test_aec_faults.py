@@ -65,3 +65,16 @@ def test_unknown_fault_and_agent_are_one_line(tmp_path):
         FaultyAECEnv(env, "step:fill")
     with pytest.raises(ValueError, match="^FaultyAECEnv: agent 'nobody' is not one of possible_agents"):
         FaultyAECEnv(env, "reward:zero", agent="nobody")
+
+
+def test_stepledger_check_on_a_turn_based_env():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "stepledger", "check", "pettingzoo.classic.connect_four_v3",
+                          "--trainer", "supersuit", "--steps", "8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "12 of 12 exercised faults caught and located; the boundary is checked"
+    bad = subprocess.run([sys.executable, "-m", "stepledger", "check", "json", "--trainer", "supersuit", "--api",
+                          "aec"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "cannot make turn-based env 'json': it has no env()" in bad.stderr, bad.stderr
