@@ -193,10 +193,11 @@ def _api(args):
         return api
     import importlib
     try:
-        has_parallel = getattr(importlib.import_module(args.env_id), "parallel_env", None) is not None
+        module = importlib.import_module(args.env_id)
     except Exception:
         return "parallel"  # parallel_env_factory says what is wrong with the module
-    return "parallel" if has_parallel else "aec"
+    has = lambda name: getattr(module, name, None) is not None  # noqa: E731
+    return "aec" if has("env") and not has("parallel_env") else "parallel"
 
 
 def check_from_cli(args, progress):

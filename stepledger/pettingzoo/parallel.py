@@ -56,7 +56,7 @@ except ImportError as exc:  # exercised in a venv without PettingZoo, and in one
                       "install -U \"pettingzoo>=%s\" (or pip install \"plugrl-stepledger[pettingzoo]\")"
                       % (PETTINGZOO_NEEDS, _have, PETTINGZOO_NEEDS)) from exc
 
-from stepledger.pettingzoo.streams import _COPIES, AgentLedger, agent_streams  # noqa: E402  (after the version check)
+from stepledger.pettingzoo.streams import LOADED_COPIES, AgentLedger, agent_streams  # noqa: E402  (after the version check)
 
 __all__ = ["AgentLedger", "LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
 
@@ -291,7 +291,7 @@ def _index_worker_copies(slots, strict):
     """
     first, n_slots = slots.get(os.getpid(), (None, None))
     pid = os.getpid()
-    copies = [ref() for p, ref in _COPIES if p == pid]
+    copies = [ref() for p, ref in LOADED_COPIES if p == pid]
     copies = [c for c in copies if c is not None]
     if first is not None and copies:
         n_agents = len(copies[0]._agents)

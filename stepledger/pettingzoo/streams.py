@@ -48,7 +48,7 @@ def _one_space(env, kind, agents, owner="LedgerParallelEnv"):
 
 # (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
 # (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
-_COPIES: list[tuple[int, weakref.ref[AgentLedger]]] = []
+LOADED_COPIES: list[tuple[int, weakref.ref[AgentLedger]]] = []
 
 
 class AgentLedger(EnvAdapter):
@@ -63,8 +63,8 @@ class AgentLedger(EnvAdapter):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        _COPIES[:] = [(pid, ref) for pid, ref in _COPIES if ref() is not None]
-        _COPIES.append((os.getpid(), weakref.ref(self)))
+        LOADED_COPIES[:] = [(pid, ref) for pid, ref in LOADED_COPIES if ref() is not None]
+        LOADED_COPIES.append((os.getpid(), weakref.ref(self)))
 
     def _open_agents(self, env: Any, directory: str | os.PathLike[str], index: int | None, reward_dtype: Any,
                      keep_values: bool, flush_interval: float | None, live: bool) -> None:
