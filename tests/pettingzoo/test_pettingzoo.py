@@ -6,7 +6,6 @@ import warnings
 import os
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from pettingzoo.utils import BaseParallelWrapper  # noqa: E402
 
 import stepledger  # noqa: E402
 from parallel_envs import LeavingEnv, TwoLeaveApart  # noqa: E402
-from side_venv import cached_venv, hiding, imported_version  # noqa: E402
+from side_venv import hiding  # noqa: E402
 from stepledger import LedgerError, compare, read  # noqa: E402
 from stepledger.format import schema as S  # noqa: E402
 from stepledger.pettingzoo import PETTINGZOO_NEEDS, LedgerParallelEnv, agent_streams, index_supersuit_copies  # noqa: E402,E501
@@ -488,8 +487,6 @@ def test_records_that_end_apart_name_the_agent(tmp_path):
 
 # ---------------------------------------------------------------- an older PettingZoo, or none (issue 24)
 
-PZ122_VENV = os.environ.get("STEPLEDGER_PZ122_VENV") or os.path.join(
-    tempfile.gettempdir(), "stepledger-pz122-venv-py%d%d" % sys.version_info[:2])
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(stepledger.__file__)))
 
 
@@ -498,14 +495,6 @@ def _import_pettingzoo_module(python, prelude=""):
     env.update(PYTHONPATH=REPO, STEPLEDGER_PUREPYTHON="1")  # this checkout, its pure-Python core
     code = prelude + "from stepledger.pettingzoo import LedgerParallelEnv\n"  # the folder imports; its first name says
     return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-
-
-@pytest.fixture(scope="session")
-def pz122_python():
-    """A Python with pettingzoo==1.22.3 (and gymnasium, numpy), in a venv cached at PZ122_VENV."""
-    return cached_venv(PZ122_VENV, "stepledger-pz122-ready", "pettingzoo==1.22.3",
-                       [["pettingzoo==1.22.3", "gymnasium", "numpy"]],
-                       lambda python: imported_version(python, "pettingzoo", "pettingzoo"), "1.22.3")
 
 
 def test_an_older_pettingzoo_is_named_with_the_version_needed(pz122_python):
