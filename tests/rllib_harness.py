@@ -119,7 +119,8 @@ def main():
     specs = json.loads(sys.argv[1])
     specs = [specs] if isinstance(specs, dict) else specs
     assert all(s.get("end", "stop") == "stop" for s in specs[:-1]), "only the last run may end by shutdown or kill"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # a cluster of its own (address='local'), never one that another process left running on this machine
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     outs = []
     try:
         for spec in specs:

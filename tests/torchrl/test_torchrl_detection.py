@@ -57,6 +57,8 @@ def test_fault_is_caught_and_located_through_a_collector(tmp_path, fault, dose):
     if fault not in ENV_SIDE_FAULTS:
         pytest.skip("%s is a trainer-side fault: no injector between TorchRL's batched env and its collector yet"
                     % fault)
+    import torch
+    torch.manual_seed(0)  # the collector's random actions come from the spec's rand(): the same run every time
     d = str(tmp_path)
     steps = _steps(fault, dose)
     fns = ledger_env_fns(_env_for(fault), N_ENVS, d, pass_index=True, wrap=_Inject(fault, dose, d), seed=3)
