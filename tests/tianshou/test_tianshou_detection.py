@@ -33,7 +33,11 @@ class _Make:
         self.env_id, self.limit = env_id, limit
 
     def __call__(self, index):
-        return gym.make(self.env_id, max_episode_steps=self.limit)
+        env = gym.make(self.env_id, max_episode_steps=self.limit)
+        # seeded before its ledger wraps it: whether a rollout meets an episode end where a fault needs one is
+        # then the same in every run (the Collector's resets pass no seed)
+        env.reset(seed=10 + index)
+        return env
 
 
 class _Inject:
