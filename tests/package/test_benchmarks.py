@@ -107,3 +107,9 @@ def test_compare_scale_quick(tmp_path):
     assert "| --jobs 1 |" in out and "| --jobs 2 |" in out
     assert "| 4 x 600,000 |" in out and "local, 40 envs" in out
     assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "temporary files left behind"
+
+
+def test_aec_overhead_quick(tmp_path):
+    pytest.importorskip("pettingzoo")
+    out = run_quick("aec_overhead.py", tmp_path)
+    assert "bare loop: " in out and "LedgerAECEnv (env side): +" in out and "(both sides): +" in out, out
