@@ -20,6 +20,7 @@ if os.path.dirname(HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(HERE))
 
 from stepledger.format import schema as S  # noqa: E402
+from stepledger.core import WITHHELD_DIGEST  # noqa: E402
 from stepledger.format.ledgerfile import LedgerFile, Segment, write_ledger  # noqa: E402
 
 
@@ -73,6 +74,9 @@ class _Lazy(dict):
         if self._last is None or self._last[0] != s:
             cols = columns(self.seed_of.get(s, s), self.events)
             for event, field in self.faults.get(s, ()):
+                if field == "withheld":  # the trainer side's observation withheld by its library (TorchRL's)
+                    cols["h_obs"][event] = WITHHELD_DIGEST
+                    continue
                 col = S.FIELD_COLUMNS[field]
                 cols[col][event] = (cols[col][event] ^ 1) if cols[col].dtype != np.bool_ else ~cols[col][event]
             self._last = (s, cols)
@@ -81,7 +85,8 @@ class _Lazy(dict):
 
 def write_pair(directory, envs, events, faults=None, trainer_name="trainer.npz", shift=0):
     """``envs`` env ledgers ``env-N.npz`` and one trainer ledger of them all, ``events`` events a stream, in
-    ``directory``; ``faults`` maps env -> [(event, field)] changed on the trainer side; with ``shift``, env N's
+    ``directory``; ``faults`` maps env -> [(event, field)] changed on the trainer side (field
+    "withheld": the trainer's observation recorded as withheld); with ``shift``, env N's
     ledger holds the events of the trainer's env N + shift (mod envs), as a wrong index= gives. Returns (env
     dir, trainer file)."""
     os.makedirs(directory, exist_ok=True)

@@ -14,16 +14,16 @@ import time
 import pytest
 
 import big_ledgers
-from stepledger import compare
+from stepledger import compare, wording
 from stepledger.errors import LedgerError
-from stepledger.report import parallel
+from stepledger.report import html, parallel
 
 psutil = pytest.importorskip("psutil")
 
 ROOT, TESTS_DIR = testpaths.ROOT, testpaths.TESTS_DIR
 EVENTS = 30_000  # a stream: small, so that the suite is quick; the size rule is lowered to 1 event below
-FAULTS = {1: [(7, "reward")], 2: [(20_000, "obs"), (25_000, "action")], 4: [(201, "truncated")],
-          5: [(0, "kind")]}
+FAULTS = {1: [(7, "reward")], 2: [(20_000, "obs"), (25_000, "action")], 3: [(50, "withheld"), (90, "withheld")],
+          4: [(201, "truncated")], 5: [(0, "kind")]}
 
 # Run the command line in a fresh interpreter with the size rule lowered, so that small ledgers use workers.
 _CLI = ("import sys; import stepledger.report.parallel as p; p.MIN_EVENTS_A_WORKER = int(sys.argv[1]); "
@@ -69,6 +69,16 @@ def workers_used(monkeypatch):
     return calls
 
 
+def assert_same_report(many, one):
+    """The text, the JSON and what the HTML page draws (each difference's spread, agents and trainer file; the
+    page itself) are one process's."""
+    assert str(many) == str(one) and many.to_json() == one.to_json()
+    assert [(d.env, d.spread, d.agents, d.trainer_file) for d in many.differences] == \
+        [(d.env, d.spread, d.agents, d.trainer_file) for d in one.differences]
+    assert (many.agents, many.agent_streams) == (one.agents, one.agent_streams)
+    assert html.to_html(many, "compare") == html.to_html(one, "compare")
+
+
 @pytest.mark.parametrize("which", ["clean", "faulty", "odd"])
 @pytest.mark.parametrize("count_all", [False, True])
 def test_workers_give_the_report_one_process_gives(runs, which, count_all, workers_used):
@@ -76,11 +86,41 @@ def test_workers_give_the_report_one_process_gives(runs, which, count_all, worke
     one = compare(env_dir, trainer, count_all=count_all, jobs=1)
     assert workers_used == []
     for jobs in (2, 3):
-        many = compare(env_dir, trainer, count_all=count_all, jobs=jobs)
-        assert str(many) == str(one) and many.to_json() == one.to_json()
+        assert_same_report(compare(env_dir, trainer, count_all=count_all, jobs=jobs), one)
     assert workers_used == [2, 3]
     if which != "clean":
         assert len(one.differences) >= 4 and one.hints is not None
+        # what the workers carry back beyond the text: the page's per-field strips, the withheld observations
+        spread = {d.env: sum(map(sum, d.spread.values())) for d in one.differences if d.what == "fields"}
+        assert spread == ({1: 1, 2: 2, 4: 1} if count_all else {1: 0, 2: 0, 4: 0})
+    if which == "faulty":
+        assert wording.withheld_obs({3: 2}) in one.notes, one.notes
+
+
+def test_workers_give_a_multi_agent_runs_report_and_page(tmp_path, workers_used):
+    """A real PettingZoo run (simple_spread, 3 agents, 3 copies through SuperSuit) with a reward clip between
+    the ledgers: with workers, the same text, JSON and HTML page (its grid of env copies by agents)."""
+    ss = pytest.importorskip("supersuit")
+    simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+    import numpy as np
+    from stepledger.pettingzoo import LedgerParallelEnv, LedgerSuperSuitVecEnv
+    d = str(tmp_path / "ledger")
+    env = ss.clip_reward_v0(LedgerParallelEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), d), -1.0, 0.5)
+    venv = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 3, num_cpus=0, base_class="gymnasium")
+    venv = LedgerSuperSuitVecEnv(venv, os.path.join(d, "trainer.npz"))
+    venv.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        venv.step(rng.integers(0, 5, venv.num_envs))
+    venv.close()
+    for count_all in (False, True):
+        one = compare(d, os.path.join(d, "trainer.npz"), count_all=count_all, jobs=1)
+        assert one.agents == ["agent_0", "agent_1", "agent_2"] and len(one.envs) == 9 and one.differences
+        assert_same_report(compare(d, os.path.join(d, "trainer.npz"), count_all=count_all, jobs=2), one)
+        assert 'id="grid"' in html.to_html(one)
+        if count_all:
+            assert all(sum(d.spread["reward"]) == d.counts["reward"] > 0 for d in one.differences)
+    assert workers_used == [2, 2]
 
 
 @pytest.mark.parametrize("which, code", [("clean", 0), ("faulty", 1), ("odd", 1)])
