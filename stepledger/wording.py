@@ -692,7 +692,7 @@ def spill_next_to_final(n_segments, final):
 # ---------------------------------------------------------------- how compare runs (report/parallel.py)
 
 def bad_jobs(given):
-    """``given``: the argument as the user wrote it (``jobs=0``, ``--jobs 0``)."""
+    """``given``: the argument as the user wrote it (``jobs=0``; on the command line, its value: ``'0'``)."""
     return "%s: the number of worker processes must be a whole number, 1 or more" % given
 
 

@@ -81,7 +81,7 @@ def _jobs(text):
     try:
         return check_jobs(int(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(wording.bad_jobs("--jobs " + text)) from None
+        raise argparse.ArgumentTypeError(wording.bad_jobs(repr(text))) from None  # after "argument --jobs: "
 
 
 def _compared(args):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import signal
 import sys
@@ -66,9 +67,13 @@ def check_jobs(jobs: Any) -> int:
     """``jobs`` as a number of workers (None: ``default_jobs()``); ValueError, in one line, if it is not one."""
     if jobs is None:
         return default_jobs()
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    try:
+        n = operator.index(jobs)  # an int, or a NumPy integer; not a float, a str, a bool
+    except TypeError:
+        n = 0
+    if isinstance(jobs, bool) or n < 1:
         raise ValueError(wording.bad_jobs("jobs=%r" % (jobs,)))
-    return jobs
+    return n
 
 
 def opening_threads(jobs: Any, ray: Any) -> int:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import big_ledgers
@@ -127,13 +128,13 @@ def test_workers_give_a_multi_agent_runs_report_and_page(tmp_path, workers_used)
 def test_the_command_prints_the_same_bytes_and_exits_alike_with_jobs(runs, which, code, tmp_path):
     env_dir, trainer = runs[which]
     texts = []
-    for extra in ([], ["--json"], ["--all"], ["--all", "--json"]):
+    for extra in ([], ["--all", "--json"]):  # the report's other forms: test_workers_give_the_report_one_process_gives
         outs = []
         for jobs in ("1", "2"):
-            junit = str(tmp_path / ("junit-%s.xml" % jobs))
-            got = cli("compare", env_dir, trainer, "--jobs", jobs, "--junit", junit, *extra)
+            junit, page = str(tmp_path / ("junit-%s.xml" % jobs)), str(tmp_path / ("page-%s.html" % jobs))
+            got = cli("compare", env_dir, trainer, "--jobs", jobs, "--junit", junit, "--html", page, *extra)
             assert got.returncode == code, got.stderr
-            outs.append((got.stdout, got.stderr, open(junit).read()))
+            outs.append((got.stdout, got.stderr, open(junit).read(), open(page, encoding="utf-8").read()))
         assert outs[0] == outs[1], (which, extra)
         texts.append(outs[0][0])
     assert "envs differ" in texts[0] and '"envs": [' in texts[1]
@@ -159,18 +160,26 @@ def test_plan_gives_runs_of_envs_balanced_by_events():
     assert sorted(k for run in parallel.plan(work, 3) for k in run) == list(range(5))
 
 
-@pytest.mark.parametrize("jobs", [0, -1, 1.5, "2", True])
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, 2.0, "2", True, np.int64(0), np.bool_(True)])
 def test_bad_jobs_is_one_clear_line(runs, jobs):
     with pytest.raises(ValueError, match=r"^jobs=.*: the number of worker processes must be a whole number, 1 or more$"):
         compare(*runs["clean"], jobs=jobs)
 
 
-@pytest.mark.parametrize("given", ["0", "-2", "two"])
-def test_bad_jobs_on_the_command_line_is_one_clear_line(runs, given):
-    got = cli("compare", *runs["clean"], "--jobs", given)
-    assert got.returncode == 2 and got.stdout == ""
-    assert ("--jobs %s: the number of worker processes must be a whole number, 1 or more" % given) in got.stderr
-    assert "Traceback" not in got.stderr
+def test_jobs_may_be_a_numpy_integer(runs):
+    assert parallel.check_jobs(np.int64(2)) == 2 and type(parallel.check_jobs(np.int64(2))) is int
+    assert str(compare(*runs["faulty"], jobs=np.int32(2))) == str(compare(*runs["faulty"], jobs=1))
+
+
+@pytest.mark.parametrize("given", ["0", "-2", "two", "1.5", ""])
+def test_bad_jobs_on_the_command_line_is_one_clear_line(runs, given, capsys):
+    from stepledger.cli.main import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", *runs["clean"], "--jobs", given])
+    got = capsys.readouterr()
+    assert exit_.value.code == 2 and got.out == ""
+    assert got.err == ("stepledger compare: error: argument --jobs: %r: the number of worker processes must be a "
+                          "whole number, 1 or more (see stepledger compare --help)\n" % given)
 
 
 def _workers_of(proc, want, timeout=60):
