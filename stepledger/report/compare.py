@@ -163,6 +163,7 @@ class Report(DifferenceReport):
         # not compared (their lines are among the notes); the command exits 3 where nothing else differs
         self.unread: list[tuple[str, str]] = []
         self.agents: list[str] | None = None  # with agent streams: the env ledgers' possible_agents
+        self.recorder: str | None = None  # with agent streams: the env-side class hints name (agent_recorder)
 
     @property
     def complete(self) -> bool:
@@ -724,7 +725,7 @@ def _index_hint(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> str | 
         n = len(agents)
         lost = sorted({t // n for t in unmatched if all(t // n * n + k in unmatched for k in range(n))})
         duplicates = sorted({e for e, t in copies if e in lost and t * n not in env_ledger.streams})
-        return wording.index_hint(copies, lost, duplicates, copies=True)
+        return wording.index_hint(copies, lost, duplicates, copies=report.recorder or True)
     # env-e.npz holds trainer env t's stream, trainer env e has no file of its own and there is no env-t.npz:
     # two envs were given index e and one file overwrote the other
     duplicates = sorted({e for e, t in pairs if e in unmatched and t not in env_ledger.streams})
@@ -785,11 +786,12 @@ def cause_hints(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> list[s
         common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
         if common:
             hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams,
-                                                _wrappers_found(tr_ledger)))
+                                                _wrappers_found(tr_ledger), report.recorder))
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
             and d.trainer_values.get("truncated") == "True" for d in fields):
-        hints.append(wording.AGENT_TIME_LIMIT_HINT if report.agent_streams else wording.TIME_LIMIT_HINT)
+        hints.append(wording.agent_time_limit_hint(report.recorder) if report.agent_streams
+                     else wording.TIME_LIMIT_HINT)
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("terminated", "truncated") and d.env_values.get("truncated") == "True"
             and d.trainer_values.get("terminated") == "True" for d in fields):
@@ -1035,6 +1037,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.unread = list(unread)
         report.agents = _agents_of(on_env_side[0]) if agent_streams else None
+        report.recorder = wording.agent_recorder(on_env_side[0].meta) if agent_streams else None
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:
