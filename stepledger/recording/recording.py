@@ -47,6 +47,7 @@ from stepledger.format import schema as S
 from stepledger.format import storage
 from stepledger.format.ledgerfile import Segment, segment_from_file, values_member, write_ledger
 from stepledger.format.local import LocalLedger
+from stepledger.format.mapped import LiveMap, capacity_for, mapped_bytes
 from stepledger.format.remote import RemoteLedger
 from stepledger.recording import spiller
 from stepledger.recording.checks import check_remote, check_writable
@@ -123,11 +124,48 @@ class Recording:
         self.deferred = False  # env side: its index was given after construction (LedgerEnv.set_index)
         self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
         self.values = [ValueStore(self.value_members) for _ in self.stream_ids] if self.keep_values else None
+        self.live = None  # the mapped part (format/mapped.py): the events no segment holds, kept through a kill
+        self._map()
         with spiller.LOCK:
             OPEN[id(self)] = self
         hook_process()
         IdleSpiller.wake()
         reschedule()
+
+    # ------------------------------------------------------------ the mapped part
+
+    def _map(self):
+        """Keep the buffers' events in a file mapped shared, on local disk (format/mapped.py), so that
+        whatever kills the process they reach the file. Without room for it, or at a URL, or with
+        ``STEPLEDGER_MAPPED_BYTES=0``, in memory as before."""
+        if self.keep_values or not isinstance(self.place, LocalLedger):
+            return
+        nbytes = mapped_bytes()
+        if nbytes <= 0:
+            return
+        capacity = capacity_for(nbytes, len(self.buffers))
+        try:
+            live = LiveMap(self.path, self.writer, self.stream_ids, capacity, self.meta())
+        except (OSError, ValueError):
+            return  # no room, or a filesystem that cannot: the events stay in memory, spilled as before
+        for k, buf in enumerate(self.buffers):
+            buf.map_to(live.stream_region(k), capacity)
+        self.live = live
+
+    def _live_meta(self):
+        if self.live is not None and self.pid == os.getpid():
+            self.live.write_meta(self.meta())
+
+    def filling(self):
+        """A mapped ring is half full or more: a spill is wanted before it overflows."""
+        return any(len(b) * 2 >= b.map_capacity > 0 for b in self.buffers)
+
+    def _unmap(self):
+        if self.live is not None:
+            for buf in self.buffers:
+                buf.unmap()
+            self.live.remove()
+            self.live = None
 
     # ------------------------------------------------------------ claiming the path
 
@@ -162,6 +200,12 @@ class Recording:
                       "%s instead, and compare will name both: give each env its own index="
                       % (self.path, holder.get(S.META_PID), beside), RuntimeWarning, stacklevel=6)
         self.path = beside
+        if self.live is not None:
+            try:
+                self.live.rename(beside, self.writer)
+            except OSError:
+                pass
+            self._live_meta()
         return beside
 
     # ------------------------------------------------------------ what the wrappers tell it
@@ -170,6 +214,7 @@ class Recording:
         """The trainer side's run id and this env's position in its vector env (env side)."""
         self.run = None if run is None else str(run)
         self.position = None if position is None else int(position)
+        self._live_meta()
 
     # ------------------------------------------------------------ state
 
@@ -549,6 +594,7 @@ class Recording:
         """Closed for good: free the buffers and kept values, drop the staging area, leave the registry."""
         self.place.close()  # the claim given up, the stage removed
         self.closed = True
+        self._unmap()
         for b in self.buffers:
             b.release()
         if self.values:

@@ -274,8 +274,13 @@ def _writer_alive(meta: Meta) -> bool | None:
 def how_it_ended(meta: Meta) -> str | None:
     """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
+    if meta.get(S.META_REBOOTED):
+        return wording.rebooted(meta[S.META_REBOOTED])
     if state == S.STATE_OPEN:
-        return wording.still_open(_writer_alive(meta))
+        alive = _writer_alive(meta)
+        if alive is False and meta.get(S.META_MAPPED):
+            return wording.died_whole(meta[S.META_MAPPED])
+        return wording.still_open(alive)
     return wording.ENDED.get(state)
 
 
