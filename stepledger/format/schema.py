@@ -199,6 +199,7 @@ MAP_MIN_CAPACITY = 1024
 META_MAPPED = "mapped_events"
 META_REBOOTED = "rebooted_events"
 META_MAP_GAP = "mapped_gap"
+PER_FILE_META = PER_FILE_META + (META_MAPPED, META_REBOOTED, META_MAP_GAP)
 # For tests: the boot id the reader takes as this machine's (a machine crash, simulated).
 ENV_BOOT_ID = "STEPLEDGER_BOOT_ID"
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"

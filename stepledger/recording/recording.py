@@ -467,6 +467,7 @@ class Recording:
         self.place.upload_segment(local, path, before=(lambda: self._remove_earlier_run(path)) if first else None)
         self._segs.append(_SegmentFile(k, k, 0, path, local))
         self._next_segment = k + 1
+        self._live_meta()  # what it knows now (its settings learned since, its position)
 
     def _write_segment(self, first, last, segments):
         name = segment_name(first)

@@ -655,18 +655,25 @@ def _read_file(path: str) -> Ledger:
     if not files:
         raise LedgerError("%s: no such file" % path)
     partial = partial or S.META_MAPPED in notes
-    meta = dict(files[-1].meta)  # the newest file says how far the recording got and which run it is
+    # the newest file says how far the recording got and which run it is (the mapped part: what it knew at
+    # its last change; the files of its recording know more, of the same settings)
+    on_disk = [lf for lf in files if isinstance(lf, LedgerFile)]
+    meta = dict(on_disk[-1].meta if on_disk else files[-1].meta)
     meta.pop(S.META_SEGMENT, None)
     meta.pop(S.META_THROUGH, None)
+    if S.META_MAPPED in notes:
+        meta[S.META_STATE] = S.STATE_OPEN  # it went on after its last file
     meta.update(notes)
     pieces: dict[int, list[_Piece]] = {}
     for lf in files:
-        if _meta_key(lf.meta) != _meta_key(files[0].meta):
+        if isinstance(lf, _MapPart):
+            pass  # the same recording as the files (its writer): its meta may lag behind theirs
+        elif _meta_key(lf.meta) != _meta_key(on_disk[0].meta):
             raise LedgerError("%s: its spilled segments disagree on their settings" % lf.path)
         for k, s in enumerate(lf.stream_ids):
             pieces.setdefault(s, []).append(_Piece(lf, int(lf.offsets[k]), int(lf.offsets[k + 1])))
     streams = {s: Stream(s, ps, meta) for s, ps in sorted(pieces.items())}
-    return Ledger(path, meta, streams, partial, [lf for lf in files if isinstance(lf, LedgerFile)])
+    return Ledger(path, meta, streams, partial, on_disk)
 
 
 def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
