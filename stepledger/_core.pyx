@@ -11,7 +11,7 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject_IsTrue
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.math cimport INFINITY
 from libc.string cimport memcpy, memmove, memset
@@ -64,6 +64,7 @@ cdef bint _hold = False
 # A mapped ring is filling (past half, then each eighth more): the recordings want a spill.
 cdef bint _pressure = False
 cdef Py_ssize_t BYTES_PER_EVENT = S.BYTES_PER_EVENT
+cdef Py_ssize_t MAP_H = S.MAP_STREAM_HEADER  # a mapped stream region's header, then its rings
 cdef uint8_t KIND_RESET = S.KIND_RESET
 cdef uint8_t KIND_STEP = S.KIND_STEP
 cdef uint64_t NO_DIGEST = S.NO_DIGEST
@@ -514,17 +515,17 @@ cdef class StreamBuffer:
         cdef uint8_t *p
         if capacity < 16 or capacity & (capacity - 1):
             raise ValueError("map_to: capacity must be a power of two of 16 or more, not %d" % capacity)
-        if view.shape[0] < 64 + 27 * capacity:
+        if view.shape[0] < MAP_H + 27 * capacity:
             raise ValueError("map_to: a region of %d bytes cannot hold %d rows" % (view.shape[0], capacity))
         p = &view[0]
         self.m_owner = view  # the mapping stays while this buffer (and any view of it) lives
         self.m_hdr = <uint64_t *>p
-        self.m_kind = p + 64
-        self.m_term = p + 64 + capacity
-        self.m_trunc = p + 64 + 2 * capacity
-        self.m_obs = <uint64_t *>(p + 64 + 3 * capacity)
-        self.m_act = <uint64_t *>(p + 64 + 11 * capacity)
-        self.m_rew = <uint64_t *>(p + 64 + 19 * capacity)
+        self.m_kind = p + MAP_H
+        self.m_term = p + MAP_H + capacity
+        self.m_trunc = p + MAP_H + 2 * capacity
+        self.m_obs = <uint64_t *>(p + MAP_H + 3 * capacity)
+        self.m_act = <uint64_t *>(p + MAP_H + 11 * capacity)
+        self.m_rew = <uint64_t *>(p + MAP_H + 19 * capacity)
         self.m_cap = capacity
         self.m_mask = <uint64_t>(capacity - 1)
         self.has_map = True
@@ -593,6 +594,16 @@ cdef class StreamBuffer:
         sl_store_release_u64(&self.m_hdr[1], stop)
         self.mapped = True
         self.warn_at = max(self.size, self.m_cap >> 1)
+
+    cdef inline void note_action(self, const uint8_t *msg, Py_ssize_t n, uint64_t digest) noexcept:
+        """The env side's step under way took this action (its message, n bytes; or n < 0 and its digest):
+        noted in the ring's header, pending last, so that a process that dies in the step says so."""
+        cdef uint8_t *h = <uint8_t *>self.m_hdr
+        if n >= 0:
+            memcpy(h + 64, msg, n)
+        (<int32_t *>(h + 40))[0] = <int32_t>n
+        (<uint64_t *>(h + 48))[0] = 0 if n >= 0 else digest
+        sl_store_release_u64(<uint64_t *>(h + 32), self.gbase + <uint64_t>self.size + 1)
 
     cdef inline int push(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
                          bint terminated, bint truncated) except -1:
@@ -949,9 +960,15 @@ cdef class EventRecorder:
             self.act_leaves = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
             return 0
         # a small action's whole message is copied (it is digested with the obs in step_taken)
-        self.act_len = self.act.padded_message(action, self.act_msg) if _HAVE_AVX2 else -1
+        cdef StreamBuffer buf = self.buffer
+        self.act_len = self.act.padded_message(action, self.act_msg) if _HAVE_AVX2 or buf.mapped else -1
         if self.act_len < 0:
             self.act_digest = self.act.digest(action)
+        if buf.mapped:
+            buf.note_action(self.act_msg, self.act_len, self.act_digest)
+            if not _HAVE_AVX2 and self.act_len >= 0:  # digested alone in step_taken there
+                self.act_digest = self.act.digest(action)
+                self.act_len = -1
         return 0
 
     def step_taken(self, obs, reward, terminated, truncated, /):

@@ -253,7 +253,8 @@ class StreamBuffer:
         mem = memoryview(region).cast("B")
         if mem.nbytes < S.MAP_STREAM_HEADER + 27 * capacity:
             raise ValueError("map_to: a region of %d bytes cannot hold %d rows" % (mem.nbytes, capacity))
-        self._hdr = np.frombuffer(mem, np.uint64, 3, 0)
+        self._hdr = np.frombuffer(mem, np.uint64, S.MAP_ACTION_AT // 8, 0)
+        self._hdr_bytes = mem[: S.MAP_STREAM_HEADER]
         ring, pos = {}, S.MAP_STREAM_HEADER
         for name in S.MAP_COLUMN_ORDER:
             dt = S.COLUMN_DTYPES[name]
@@ -279,6 +280,16 @@ class StreamBuffer:
     @property
     def dropped(self):
         return self._gbase
+
+    def _note_action(self, message, digest):
+        """The env side's step under way took this action (its message, or None and its digest), noted in
+        the ring's header, pending last."""
+        h = self._hdr_bytes
+        if message is not None:
+            h[S.MAP_ACTION_AT: S.MAP_ACTION_AT + len(message)] = message
+        struct.pack_into("<iiQ", h, S.MAP_ACTION_LEN, -1 if message is None else len(message), 0,
+                         0 if message is not None else digest)
+        self._hdr[S.MAP_PENDING // 8] = self._gbase + self._size + 1
 
     def _rows(self):
         """Ring rows of the held events, in order."""
@@ -460,6 +471,8 @@ class EventRecorder:
             self._act = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
         else:
             self._act = _digest_value(self.act_layout, action)
+            if self.buffer.in_map:
+                self.buffer._note_action(_small_message(self.act_layout, action), self._act)
 
     def step_taken(self, obs, reward, terminated, truncated, /):
         """Record the step whose action take_action() noted."""
@@ -493,6 +506,27 @@ class EventRecorder:
         kind, h_obs, h_act, h_rew, te, tr = self._last
         return struct.pack(S.TOKEN_FORMAT, S.TOKEN_VERSION, index, self.counter - 1, self.episode,
                            self.step_in_episode, kind, h_obs, h_act, h_rew, _token_flags(te, tr))
+
+
+def _small_message(layout, value):
+    """The digest message of an action the compiled core copies whole (its fast path: an ndarray of the one
+    leaf's dtype and shape, C-ordered and native, whose message fits MAP_ACTION_BYTES; or a Discrete int that
+    fits int64), else None (its digest is noted instead)."""
+    fast = layout.fast_leaf
+    if fast is not None and type(value) is np.ndarray:
+        dtype, shape = fast
+        if (dtype.isnative and dtype.kind in "biufc" and value.dtype == dtype and value.shape == tuple(shape)
+                and value.flags.c_contiguous):
+            msg = encode_leaves([value])
+            return msg if len(msg) <= S.MAP_ACTION_BYTES else None
+    if layout.discrete and (type(value) is int or isinstance(value, np.integer)):
+        try:
+            iv = operator.index(value)
+        except TypeError:
+            return None
+        if -(1 << 63) <= iv < (1 << 63):
+            return encode_leaves([np.array(iv, dtype=np.int64)])
+    return None
 
 
 def _token_flags(terminated, truncated):

@@ -608,6 +608,16 @@ def rebooted_nothing():
             "mapped part may hold pages that never reached the disk, so none of it is read")
 
 
+def died_during(env, entry):
+    """An env side whose process died in a step (its mapped part noted the step's action, and no result)."""
+    action = entry.get("action")
+    took = "it had taken action %s; " % action if action is not None else ""
+    if entry.get("step", 1) == 0:
+        return "env %s: its process died during the first reset (the reset never returned)" % env
+    return "env %s: its process died during step %d of episode %d (%sthe step never returned)" % (
+        env, entry.get("step", 0), entry.get("episode", 0), took)
+
+
 def ledger_note(name, ended, updated, events):
     """A ledger that was not closed cleanly: how it ended, when it was last written, how much it holds."""
     last = ", last written %s" % when(updated) if isinstance(updated, (int, float)) else ""

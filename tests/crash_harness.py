@@ -19,7 +19,10 @@ Spills every CRASH_FLUSH seconds (0.05 by default), so that kills land in spills
 
 import ctypes
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +31,9 @@ os.environ.setdefault("ENDING_HARNESS_FLUSH", os.environ.get("CRASH_FLUSH", "0.0
 import ending_harness as H  # noqa: E402
 
 from stepledger import LedgerEnv, read  # noqa: E402
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT = 120
 
 
 class SegfaultAt(gym.Wrapper):
@@ -101,3 +107,63 @@ def check_prefix(got, reference, known):
                     i, name, int(bad[0]), n)
         lost[i] = max(0, need - n)
     return lost
+
+
+# ---------------------------------------------------------------- the killing side
+
+def _env(flush):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_") or k == "STEPLEDGER_MAPPED_BYTES"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    env["CRASH_FLUSH"] = str(flush)
+    return env
+
+
+def start(harness, mode, directory, steps, flush=0.05):
+    script = "import crash_harness as K; K.main(%r, %r, %r, %d)" % (harness, mode, directory, steps)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(flush), start_new_session=True)
+
+
+def finish(proc, timeout=TIMEOUT):
+    """Wait for the script's end (it was killed, or it ends by itself; after ``timeout`` s it is killed), every
+    process of its group gone; returns the lines it wrote and its stderr."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SB3's SubprocVecEnv waits forever for a worker that died: the user kills it, as they would
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:  # the workers too
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    return out.splitlines(), err
+
+
+def kill_at(proc, target, rng):
+    """SIGKILL the whole group once the script reports ``target`` vector steps (and a random moment more)."""
+    for line in proc.stdout:
+        if line.startswith("s ") and int(line.split()[1]) >= target:
+            time.sleep(float(rng.uniform(0, 0.01)))
+            os.killpg(proc.pid, signal.SIGKILL)
+            return [line.rstrip("\n")]
+    return []
+
+
+def known_counts(lines):
+    """{env: events} of the last whole ``s`` (or ``closing``) line: what both sides had recorded by then."""
+    last = [ln.split() for ln in lines if ln.startswith(("s ", "closing")) and ln.endswith(tuple("0123456789"))]
+    if not last:
+        return {}
+    fields = last[-1]
+    counts = fields[2:] if fields[0] == "s" else fields[1:]
+    return {i: int(c) for i, c in enumerate(counts)}
+
+

@@ -99,26 +99,25 @@ class LiveMap:
         tmp = processes.tmp_name(self.path)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)  # blocks now: a full disk fails here, never at a step
-            except OSError:
-                raise
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            os.posix_fallocate(fd, 0, size)  # blocks now: a full disk fails here, never at a step with SIGBUS
+            self.mm = mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            for pos in range(0, size, mmap.PAGESIZE):  # touched now: no page fault on the step path
+                mm[pos] = 0
+            for k, sid in enumerate(stream_ids):
+                _STREAM.pack_into(mm, self.regions_at + k * self.region, 0, 0, 0, int(sid), 0, 0, 0, 0)
+            self.seq = 0
+            self._put_meta(text, 0)
+            _HEADER.pack_into(mm, 0, S.MAP_MAGIC, S.MAP_LAYOUT_VERSION, self.n, self.capacity, self.slot, 0,
+                              len(text), 0, boot_id().encode()[:40])
+            os.rename(tmp, self.path)  # whole before it has its name: a reader never finds a half-made header
         except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
             raise
-        os.close(fd)
-        mm = self.mm
-        for pos in range(0, size, mmap.PAGESIZE):  # touched now: no page fault on the step path
-            mm[pos] = 0
-        for k, sid in enumerate(stream_ids):
-            _STREAM.pack_into(mm, self.regions_at + k * self.region, 0, 0, 0, int(sid))
-        self.seq = 0
-        self._put_meta(text, 0)
-        _HEADER.pack_into(mm, 0, S.MAP_MAGIC, S.MAP_LAYOUT_VERSION, self.n, self.capacity, self.slot, 0,
-                          len(text), 0, boot_id().encode()[:40])
-        os.rename(tmp, self.path)  # whole before it has its name: a reader never finds a half-made header
+        finally:
+            os.close(fd)
 
     def stream_region(self, k):
         """Stream k's region, for StreamBuffer.map_to."""
@@ -156,11 +155,14 @@ class LiveMap:
 
 
 class MappedStreams:
-    """What a mapped file holds, read back: ``meta``, ``writer``, ``boot_id``, and per env index the
-    events the rings name whole: ``streams[index] = (first event index, columns)``."""
+    """What a mapped file holds, read back: ``meta``, ``writer``, ``boot_id``, per env index the events the
+    rings name whole (``streams[index] = (first event index, columns)``), and the steps that never returned."""
 
-    def __init__(self, path, meta, boot, streams, damaged):
+    def __init__(self, path, meta, boot, streams, damaged, died):
         self.path, self.meta, self.boot_id, self.streams, self.damaged = path, meta, boot, streams, damaged
+        # env index -> (the index of the event under way, its action's message or None, its digest): the
+        # process died in that step
+        self.died = died
         self.writer = meta.get(S.META_WRITER)
 
     @property
@@ -204,6 +206,7 @@ def read_map(path):
     regions_at = S.MAP_HEADER_BYTES + 2 * slot
     region = region_bytes(cap)
     streams: dict[int, Any] = {}
+    died: dict[int, Any] = {}
     damaged = 0
     mask = cap - 1
     for k in range(n):
@@ -211,7 +214,11 @@ def read_map(path):
         if start + S.MAP_STREAM_HEADER + _ROW_BYTES * cap > len(data):
             damaged += 1
             continue
-        base, end, _, sid = _STREAM.unpack_from(data, start)
+        base, end, _, sid, pending, act_len, _, act_digest = _STREAM.unpack_from(data, start)
+        if pending == end + 1:  # the env side's step under way never returned
+            at = start + S.MAP_ACTION_AT
+            message = data[at: at + act_len] if 0 <= act_len <= S.MAP_ACTION_BYTES else None
+            died[sid] = (end, message, act_digest)
         if base >= end:
             streams[sid] = (base, _empty())
             continue
@@ -226,7 +233,7 @@ def read_map(path):
             cols[name] = ring[rows].copy()
             pos += dt.itemsize * cap
         streams[sid] = (base, cols)
-    return MappedStreams(path, meta, boot.rstrip(b"\0").decode("ascii", "replace"), streams, damaged)
+    return MappedStreams(path, meta, boot.rstrip(b"\0").decode("ascii", "replace"), streams, damaged, died)
 
 
 def _empty():

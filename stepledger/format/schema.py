@@ -182,9 +182,14 @@ MAP_MAGIC = b"SLMAP\x00\x00\x01"
 MAP_LAYOUT_VERSION = 1
 MAP_HEADER_FORMAT = "<8sIIIIQII40s"  # magic, version, streams, capacity, meta slot, meta seq, len0, len1, boot id
 MAP_HEADER_BYTES = 4096
-MAP_STREAM_HEADER = 64
-MAP_STREAM_FORMAT = "<QQQq"  # base, end, synced, env index (then unused to MAP_STREAM_HEADER)
-MAP_BASE, MAP_END, MAP_SYNCED = 0, 8, 16  # byte offsets in a stream's header
+MAP_STREAM_HEADER = 256
+# base, end, synced, env index; then the env side's step under way: pending (the index of its event + 1,
+# stored after the rest: the step never returned while pending == end + 1), the length of its action's
+# message (-1: its digest only), unused, the action's digest (when no message); the message at MAP_ACTION_AT
+MAP_STREAM_FORMAT = "<QQQqQiiQ"
+MAP_BASE, MAP_END, MAP_SYNCED, MAP_PENDING, MAP_ACTION_LEN, MAP_ACTION_DIGEST = 0, 8, 16, 32, 40, 48
+MAP_ACTION_AT = 64
+MAP_ACTION_BYTES = 128  # the digest message of a small action (one leaf, or a Discrete int), as FORMAT.md §2
 MAP_COLUMN_ORDER = ("kind", "terminated", "truncated", "h_obs", "h_act", "h_rew")  # in the region, in order
 MAP_PAGE = 4096  # regions and meta slots start on a page
 # Bytes of a ledger's mapped part (all its streams): ``STEPLEDGER_MAPPED_BYTES``, 0 for none (today's
@@ -199,7 +204,8 @@ MAP_MIN_CAPACITY = 1024
 META_MAPPED = "mapped_events"
 META_REBOOTED = "rebooted_events"
 META_MAP_GAP = "mapped_gap"
-PER_FILE_META = PER_FILE_META + (META_MAPPED, META_REBOOTED, META_MAP_GAP)
+META_DIED = "died_during"  # {env index: {"event", "episode", "step", "action" (a text, or None)}}
+PER_FILE_META = PER_FILE_META + (META_MAPPED, META_REBOOTED, META_MAP_GAP, META_DIED)
 # For tests: the boot id the reader takes as this machine's (a machine crash, simulated).
 ENV_BOOT_ID = "STEPLEDGER_BOOT_ID"
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"

@@ -306,7 +306,12 @@ def _env_notes(env_ledger: Ledger, env_dir: LedgerPath) -> list[str]:
         if ended is not None:
             agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
             groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
-    return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())]
+    died = []
+    for idx, stream in env_ledger.streams.items():  # a stream's own entry (a file's meta holds its streams')
+        entry = stream.meta.get(S.META_DIED, {}).get(str(idx))
+        if entry is not None:
+            died.append(wording.died_during(idx, entry))
+    return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())] + died
 
 
 def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:

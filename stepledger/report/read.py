@@ -636,11 +636,49 @@ def _with_map(path: str, files: list[Any], live: MappedStreams | None) -> tuple[
             continue
         if have < base + n or (sid not in held and not files):
             tails[sid] = {name: arr[have - base:] for name, arr in cols.items()}
+    died = {}
+    for sid, (event, message, digest) in live.died.items():
+        total = held.get(sid, 0) + (len(tails[sid]["kind"]) if sid in tails else 0)
+        if total == event:  # every event before the step under way is read
+            died[str(sid)] = {"event": event, "action": _action_text(message, digest)}
+    if died:
+        notes[S.META_DIED] = died
     if tails:
         part = _MapPart(live, tails)
         notes[S.META_MAPPED] = int(part.offsets[-1])
         files = files + [part]
     return files, notes
+
+
+def _action_text(message: bytes | None, digest: int) -> str | None:
+    """An action noted in a mapped part (its digest message: FORMAT.md section 2), as a report prints it."""
+    if message is None:
+        return None
+    try:
+        leaves = decode_leaves(message)
+    except ValueError:
+        return None
+    return wording.values_text(leaves, [""] if len(leaves) == 1 else ["%d" % k for k in range(len(leaves))])
+
+
+def _died_at(meta: Meta, streams: dict[int, Stream]) -> None:
+    """Episode and step of each step that never returned (META_DIED), from its stream's positions."""
+    for sid, entry in meta.get(S.META_DIED, {}).items():
+        stream = streams.get(int(sid))
+        if stream is None or not len(stream):
+            entry["episode"], entry["step"] = 0, 0  # in its first reset
+            continue
+        episode, since, seen = -1, 0, 0  # resets so far, and the events since the last one
+        for chunk in stream.chunks(("kind",)):
+            resets = np.flatnonzero(np.asarray(chunk["kind"]) == S.KIND_RESET)
+            n = len(chunk["kind"])
+            if resets.size:
+                episode += int(resets.size)
+                since = n - 1 - int(resets[-1])
+            else:
+                since += n
+            seen += n
+        entry["episode"], entry["step"] = max(episode, 0), since + 1
 
 
 def _read_file(path: str) -> Ledger:
@@ -673,6 +711,7 @@ def _read_file(path: str) -> Ledger:
         for k, s in enumerate(lf.stream_ids):
             pieces.setdefault(s, []).append(_Piece(lf, int(lf.offsets[k]), int(lf.offsets[k + 1])))
     streams = {s: Stream(s, ps, meta) for s, ps in sorted(pieces.items())}
+    _died_at(meta, streams)
     return Ledger(path, meta, streams, partial, on_disk)
 
 

@@ -126,3 +126,32 @@ def test_half_full_ring_asks_for_a_spill():
         assert core.map_pressure(clear=True)
         assert not core.map_pressure()
         buf.release()
+
+
+@pytest.mark.parametrize("space", ["box", "discrete", "dict"])
+def test_the_step_under_way_is_noted_alike(space):
+    """EventRecorder notes the action of the step under way in the ring's header (its message, or its digest):
+    the same bytes from both cores, and resolved once the step is recorded."""
+    from gymnasium import spaces as gs
+    from stepledger.format.spaces import LeafLayout
+    sp = {"box": gs.Box(-2, 2, (2,), np.float32), "discrete": gs.Discrete(3),
+          "dict": gs.Dict({"a": gs.Discrete(2), "b": gs.Box(0, 1, (1,), np.float32)})}[space]
+    sp.seed(0)
+    obs_layout, act_layout = LeafLayout(gs.Box(-1, 1, (3,), np.float32)), LeafLayout(sp)
+    acts = [sp.sample() for _ in range(5)]
+    regions = []
+    for core in (C, F):
+        region = mmap.mmap(-1, region_bytes(CAP))
+        buf = core.StreamBuffer()
+        buf.map_to(region, CAP)
+        rec = core.EventRecorder(buf, obs_layout, act_layout, True)
+        rec.reset(np.zeros(3, np.float32))
+        for a in acts:
+            rec.take_action(a)
+            rec.step_taken(np.ones(3, np.float32), 1.0, False, False)
+        rec.take_action(acts[0])  # and dies here
+        regions.append(bytes(region))
+        pending = int(np.frombuffer(region, np.uint64, 1, S.MAP_PENDING)[0])
+        end = int(np.frombuffer(region, np.uint64, 1, S.MAP_END)[0])
+        assert pending == end + 1
+    assert regions[0] == regions[1]

@@ -9,11 +9,9 @@ and the trainer side, and what is read must be the first events of the same scri
 half-written, nothing of another). benchmarks/kill_soak.py runs the same cases by the hundred.
 """
 
-import testpaths  # where the suite and the repository are (tests/testpaths.py)
+import testpaths  # noqa: F401 (where the suite and the repository are: tests/testpaths.py)
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -21,45 +19,10 @@ import pytest
 
 import crash_harness as K
 
+from stepledger import compare
+
 HARNESSES = ["async-fork", "async-forkserver", "async-spawn", "sync", "subproc", "dummy"]
-TIMEOUT = 120
 REFERENCE_STEPS = 2500
-
-
-def _env(flush):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_") or k == "STEPLEDGER_MAPPED_BYTES"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (testpaths.TESTS_DIR, env.get("PYTHONPATH")) if p)
-    env["CRASH_FLUSH"] = str(flush)
-    return env
-
-
-def start(harness, mode, directory, steps, flush=0.05):
-    script = "import crash_harness as K; K.main(%r, %r, %r, %d)" % (harness, mode, directory, steps)
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(flush), start_new_session=True)
-
-
-def finish(proc, timeout=TIMEOUT):
-    """Wait for the script's end (it was killed, or it ends by itself; after ``timeout`` s it is killed), every
-    process of its group gone; returns the lines it wrote and its stderr."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SB3's SubprocVecEnv waits forever for a worker that died: the user kills it, as they would
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:  # the workers too
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    return out.splitlines(), err
 
 
 _REFERENCES = {}
@@ -69,32 +32,12 @@ def reference(harness, tmp_path_factory):
     """Both sides' streams of the script run to its end, once per harness."""
     if harness not in _REFERENCES:
         d = str(tmp_path_factory.mktemp("reference-" + harness))
-        lines, err = finish(start(harness, "reference", d, REFERENCE_STEPS))
+        lines, err = K.finish(K.start(harness, "reference", d, REFERENCE_STEPS))
         assert lines and lines[-1].startswith("done"), err[-3000:]
         env, _ = K.streams(d)
         trainer, _ = K.streams(os.path.join(d, "trainer.npz"))
         _REFERENCES[harness] = env, trainer
     return _REFERENCES[harness]
-
-
-def kill_at(proc, target, rng):
-    """SIGKILL the whole group once the script reports ``target`` vector steps (and a random moment more)."""
-    for line in proc.stdout:
-        if line.startswith("s ") and int(line.split()[1]) >= target:
-            time.sleep(float(rng.uniform(0, 0.01)))
-            os.killpg(proc.pid, signal.SIGKILL)
-            return [line.rstrip("\n")]
-    return []
-
-
-def known_counts(lines):
-    """{env: events} of the last whole ``s`` (or ``closing``) line: what both sides had recorded by then."""
-    last = [ln.split() for ln in lines if ln.startswith(("s ", "closing")) and ln.endswith(tuple("0123456789"))]
-    if not last:
-        return {}
-    fields = last[-1]
-    counts = fields[2:] if fields[0] == "s" else fields[1:]
-    return {i: int(c) for i, c in enumerate(counts)}
 
 
 def check(directory, harness, known, tmp_path_factory):
@@ -114,7 +57,7 @@ def test_sigkill_loses_nothing(tmp_path, tmp_path_factory, harness, when):
     d = str(tmp_path)
     target = int(rng.integers(20, 1200))
     if when == "close":
-        proc = start(harness, "close", d, target)
+        proc = K.start(harness, "close", d, target)
         lines = []
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
@@ -123,10 +66,10 @@ def test_sigkill_loses_nothing(tmp_path, tmp_path_factory, harness, when):
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
     else:
-        proc = start(harness, "run", d, 0, flush=1000.0 if when == "step-no-spill" else 0.05)
-        lines = kill_at(proc, target, rng)
-    rest, err = finish(proc)
-    known = known_counts(lines + rest)
+        proc = K.start(harness, "run", d, 0, flush=1000.0 if when == "step-no-spill" else 0.05)
+        lines = K.kill_at(proc, target, rng)
+    rest, err = K.finish(proc)
+    known = K.known_counts(lines + rest)
     assert known, err[-3000:]
     check(d, harness, known, tmp_path_factory)
 
@@ -135,12 +78,17 @@ def test_sigkill_loses_nothing(tmp_path, tmp_path_factory, harness, when):
 def test_segfault_in_env_step_loses_nothing(tmp_path, tmp_path_factory, harness):
     d = str(tmp_path)
     at = int(np.random.default_rng(7 + len(harness)).integers(30, 600))
-    proc = start(harness, "segv", d, at)
-    lines, err = finish(proc, timeout=20)
-    known = known_counts(lines)
+    proc = K.start(harness, "segv", d, at)
+    lines, err = K.finish(proc, timeout=20)
+    known = K.known_counts(lines)
     assert known, err[-3000:]
     check(d, harness, known, tmp_path_factory)
     env, _ = K.streams(d)
     # env 1 died in its step number ``at``: every event before it is there, and that step's is not
     steps = int(np.sum(env[1]["kind"] == 1))
     assert steps == at - 1, (steps, at)
+    # and compare says where, with the action it had taken (CartPole's: 0 or 1)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    episode, step = int(env[1]["episode"][-1]), int(env[1]["step"][-1]) + 1
+    line = "env 1: its process died during step %d of episode %d (it had taken action " % (step, episode)
+    assert any(n.startswith(line) and n.endswith("; the step never returned)") for n in report.notes), report.notes
