@@ -135,8 +135,16 @@ META_WRAPPERS = "wrappers"
 # row], ...]}, each pair saying that stream i's rows from ``row`` on are the env's events from ``offset`` on
 # (an event's offset: its place in the env's whole stream); compare stitches an env's slices by them
 META_FRAGMENTS = "fragments"
+# What the reader notes in a ledger's meta of its mapped part (never written in a file): the events read
+# from it, those it left out because the machine rebooted since (its pages may not have reached the disk),
+# and rings that need a segment that is missing.
+META_MAPPED = "mapped_events"
+META_REBOOTED = "rebooted_events"
+META_MAP_GAP = "mapped_gap"
+META_DIED = "died_during"  # {env index: {"event", "episode", "step", "action" (a text, or None)}}
 PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
-                 META_PID_START, META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS)
+                 META_PID_START, META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS,
+                 META_MAPPED, META_REBOOTED, META_MAP_GAP, META_DIED)
 
 # How a recording had ended when a file of it was written (META_STATE).
 STATE_OPEN = "open"                # still recording: written by a periodic spill, flush() or a merge
@@ -198,14 +206,6 @@ MAP_PAGE = 4096  # regions and meta slots start on a page
 ENV_MAPPED_BYTES = "STEPLEDGER_MAPPED_BYTES"
 DEFAULT_MAPPED_BYTES = 4 << 20
 MAP_MIN_CAPACITY = 1024
-# What the reader notes in a ledger's meta of its mapped part (never written in a file): the events read
-# from it, those it left out because the machine rebooted since (its pages may not have reached the disk),
-# and rings that need a segment that is missing.
-META_MAPPED = "mapped_events"
-META_REBOOTED = "rebooted_events"
-META_MAP_GAP = "mapped_gap"
-META_DIED = "died_during"  # {env index: {"event", "episode", "step", "action" (a text, or None)}}
-PER_FILE_META = PER_FILE_META + (META_MAPPED, META_REBOOTED, META_MAP_GAP, META_DIED)
 # For tests: the boot id the reader takes as this machine's (a machine crash, simulated).
 ENV_BOOT_ID = "STEPLEDGER_BOOT_ID"
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
