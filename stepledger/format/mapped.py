@@ -84,6 +84,24 @@ def maps_of(ledger_path):
     return sorted(glob.glob(glob.escape(ledger_path + S.MAP_INFIX) + "*"))
 
 
+def remove_stale(ledger_path, own):
+    """Mapped parts at ``ledger_path`` that earlier recordings left (their process gone), but ``own``: the
+    next writer's first segment supersedes them, as it does an earlier run's segments."""
+    for path in maps_of(ledger_path):
+        if path == own or S.TMP_INFIX in path:
+            continue
+        found = read_map(path)
+        meta = found.meta if found is not None else {}
+        pid = meta.get(S.META_PID)
+        if isinstance(pid, int) and meta.get(S.META_HOST) == processes.HOST and \
+                processes.running(pid, meta.get(S.META_PID_START)):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 class LiveMap:
     """The mapped file of one recording, while it records (the writer's side)."""
 

@@ -47,7 +47,7 @@ from stepledger.format import schema as S
 from stepledger.format import storage
 from stepledger.format.ledgerfile import Segment, segment_from_file, values_member, write_ledger
 from stepledger.format.local import LocalLedger
-from stepledger.format.mapped import LiveMap, capacity_for, mapped_bytes
+from stepledger.format.mapped import LiveMap, capacity_for, mapped_bytes, remove_stale
 from stepledger.format.remote import RemoteLedger
 from stepledger.recording import spiller
 from stepledger.recording.checks import check_remote, check_writable
@@ -503,6 +503,8 @@ class Recording:
         thread, before the first segment is uploaded."""
         mine = {s.path for s in self._segs} | {first}
         self.place.remove_earlier_run(self.path, mine, self._written_events == 0)
+        if self.live is not None:
+            remove_stale(self.path, self.live.path)
 
     def _unlink_segments(self):
         self.place.remove_segments(self.path, [s.path for s in self._segs])
