@@ -229,6 +229,7 @@ def spill_everything():
     """Spill every recording of this process now (what attend() does when memory is over)."""
     if not IdleSpiller.running:
         IdleSpiller.start()
+    core.map_pressure(clear=True)  # every ring is let go of here
     open_here = mine()
     for rec in open_here:
         rec.spill()

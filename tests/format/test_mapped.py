@@ -43,9 +43,9 @@ def _env(**extra):
     return env
 
 
-def killed_run(directory, steps, flush_at=0):
+def killed_run(directory, steps, flush_at=0, **env):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(directory), str(steps), "1000", str(flush_at)],
-                          env=_env(), capture_output=True, text=True, timeout=120)
+                          env=_env(**env), capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-3000:]
 
 
@@ -133,3 +133,14 @@ def test_a_damaged_mapped_file_never_gives_what_was_not_written(tmp_path_factory
         assert S.META_MAPPED not in meta
     shutil.rmtree(base)
     assert n >= 200
+
+
+def test_small_rings_are_spilled_in_the_background_and_lose_nothing(tmp_path):
+    """Rings of 1,024 events (STEPLEDGER_MAPPED_BYTES small) and no periodic spill: a ring half full asks for a
+    spill, the spiller thread writes it, the ring is let go of and reused; killed, every event is read."""
+    killed_run(tmp_path, 6000, **{S.ENV_MAPPED_BYTES: "30000"})
+    got, meta = columns(str(tmp_path))
+    assert int(np.sum(got["kind"] == S.KIND_STEP)) == 6000
+    assert 0 < meta[S.META_MAPPED] <= 1024  # the rest is in segments
+    segs = os.listdir(str(tmp_path / "env-0.npz.spill"))
+    assert 0 < len(segs) < 40, segs  # a spill a half ring, merged eight at a time: not one an event
