@@ -106,6 +106,15 @@ def duplicate_live_index(env, index, other):
             "index=%d; %s" % (env, index, other, index, INDEX_QUESTION))
 
 
+def recorded_beside(path, pid, beside, live):
+    """A recording that finds its path held by another writer (``live``: recording it now; else one that wrote it
+    while this one recorded, closed since) records ``beside`` it instead."""
+    held = "is being recorded by another ledger (process %s) right now" % pid if live else \
+        "was written by another ledger (process %s) while this one recorded" % pid
+    return ("stepledger: %s %s; this one records %s instead, and compare will name both: give each env its own "
+            "index=" % (path, held, beside))
+
+
 def overwritten_ledger(path, index):
     """A LedgerEnv about to replace a ledger file another LedgerEnv wrote during this one's run."""
     return ("LedgerEnv(index=%d): %s was written by another LedgerEnv since this one started, and this write "
@@ -428,14 +437,23 @@ def stream_name(env, agents=None):
     return "env %d" % env
 
 
+def position(episode, step):
+    """Where an event is in its stream: ``episode 0, step 13``."""
+    return "episode %d, step %d" % (episode, step)
+
+
 def place(env, episode, step, agents=None):
     """Where an event is, as every report line names it."""
-    return "%s, episode %d, step %d" % (stream_name(env, agents), episode, step)
+    return "%s, %s" % (stream_name(env, agents), position(episode, step))
 
 
 def kind_text(kind):
     kind = int(kind)
     return S.KIND_NAMES.get(kind, str(kind))
+
+
+ENV_GAVE, TRAINER_RECEIVED = "env gave", "trainer received"  # both sides' values, as every report names them
+FIRST_AT = "first at"  # the first element of a kept value that differs
 
 
 def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None, agents=None):
@@ -452,9 +470,9 @@ def difference_line(env, episode, step, fields, env_values, trainer_values, deta
     if known:
         parts = []
         for f in known:
-            gave = "env gave %s, trainer received %s" % (env_values[f], trainer_values[f])
+            gave = "%s %s, %s %s" % (ENV_GAVE, env_values[f], TRAINER_RECEIVED, trainer_values[f])
             if f in detail:
-                gave += ", first at %s" % detail[f]
+                gave += ", %s %s" % (FIRST_AT, detail[f])
             parts.append(gave if len(fields) == 1 else "%s: %s" % (f, gave))
         text += " (" + "; ".join(parts) + ")"
     return text
@@ -471,6 +489,16 @@ def no_env_ledger_yet(env, events):
     """A trainer stream of a run in progress whose env has no ledger of this run yet."""
     return ("env %d: no env ledger of this run yet (the trainer ledger is in progress, %s events so far): not "
             "compared" % (env, f"{events:,}"))
+
+
+def withheld_obs(counts):
+    """Observations the library withheld from the trainer, as it says it does (per env, how many)."""
+    total = sum(counts.values())
+    envs = ", ".join(str(e) for e in sorted(counts))
+    return ("%s the trainer never had, withheld by the library as it says it does (a final observation under "
+            "TorchRL's auto_reset or compact_obs, or the reset after a collector's last batch), in env%s %s: "
+            "the env's were taken in their place, not a difference"
+            % ("%d observation%s" % (total, "" if total == 1 else "s"), "s" if len(counts) > 1 else "", envs))
 
 
 def length_line(env, episode, step, env_events, trainer_events, agents=None):
@@ -546,7 +574,12 @@ def agents_differ(differences):
 def envs_differ(n_differ, n_envs, agent_streams=False):
     """The count line: how many of the compared streams differ. Each stream of a multi-agent env ledger
     (stepledger.pettingzoo) is one agent of one env copy, not an env: there, "agent streams"."""
-    return "%d of %d %s differ" % (n_differ, n_envs, "agent streams" if agent_streams else "envs")
+    return "%d of %d %s differ" % (n_differ, n_envs, streams_word(agent_streams))
+
+
+def streams_word(agent_streams=False):
+    """What a report counts: envs, or the agent streams of multi-agent env ledgers."""
+    return "agent streams" if agent_streams else "envs"
 
 
 VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
@@ -583,6 +616,39 @@ ENDED = {S.STATE_INTERRUPTED: "interrupted (an exception escaped a step or reset
          S.STATE_EXIT: "written as its process exited without close()",
          S.STATE_SIGNAL: "written when its process got SIGTERM"}
 IN_PROGRESS = "in progress"
+
+
+def _cut_by(interrupted_by):
+    """What escaped a recorded step or reset (its meta's interrupted_by), in the user's terms."""
+    if interrupted_by == "KeyboardInterrupt":
+        return "Ctrl-C"
+    return "an exception (%s)" % interrupted_by if interrupted_by not in (None, "Exception") else "an exception"
+
+
+def ended(state, interrupted_by=None):
+    """How a recording had ended when its file was written (ENDED), and what cut its run short where it knows."""
+    text = ENDED.get(state)
+    if text is None or interrupted_by is None:
+        return text
+    if state == S.STATE_INTERRUPTED:
+        return "interrupted (%s escaped a step or reset)" % _cut_by(interrupted_by)
+    return "%s, after %s" % (text, _cut_by(interrupted_by))
+
+
+def ended_by_trainer(trainer_state, interrupted_by, parent):
+    """An env ledger written on SIGTERM in a worker process whose parent was the trainer's process (pid ``parent``),
+    whose ledger ended ``trainer_state``: the trainer's process ended its workers, as vector envs do."""
+    after = " after %s" % _cut_by(interrupted_by) if interrupted_by is not None else ""
+    if trainer_state == S.STATE_SIGNAL:
+        return ("written when its process got SIGTERM, as the trainer's process (pid %d, its parent) did: a kill or "
+                "a scheduler's signal; the trainer's process ends its workers then" % parent)
+    how = {S.STATE_EXIT: ", which exited without close()%s" % after,
+           S.STATE_INTERRUPTED: ", which closed%s" % after,
+           S.STATE_CLOSED: ", which closed the vector env",
+           S.STATE_OPEN: ", while the trainer ledger was open"}.get(trainer_state, "")
+    return ("ended by the trainer's process (pid %d, its parent)%s: a vector env ends its worker processes with "
+            "SIGTERM when the program exits, closes it or lets go of it (AsyncVectorEnv, SubprocVecEnv), and each "
+            "wrote its ledger then" % (parent, how))
 
 
 def still_open(alive):
@@ -687,6 +753,25 @@ def recorded_twice(name, index):
     """A second recording of one index at the same time (env-N.dup-*.npz)."""
     return ("%s and env-%d.npz both recorded env %d at the same time: two LedgerEnvs were given index=%d; %s was "
             "not compared" % (name, index, index, index, name))
+
+
+# How a copy of a recorded env was made (its meta's copy), for compare's line naming it (docs/INDICES.md).
+COPY_MADE = {S.COPY_PICKLED: "unpickled or deep-copied",
+             S.COPY_REBUILT: "built while env-{index}.npz was being recorded in its process: env.spec.make(), "
+                             "gym.make(env.spec), gymnasium's check_env, an evaluation env from the same factory"}
+
+
+def recorded_copy(name, index, events, made=None):
+    """A copy of env ``index``'s LedgerEnv that recorded ``events`` of its own (env-N.copy-*.npz), or a second
+    LedgerEnv of env ``index`` that the trainer side never linked (``made`` None: an evaluation env built from the
+    training env's factory, most likely): named, not compared, not a difference."""
+    if made is None:
+        what = ("another LedgerEnv of env %d, not one of the trainer side's envs (an evaluation env built from the "
+                "training env's factory, say)" % index)
+    else:
+        what = "a copy of env %d's LedgerEnv (%s)" % (index, COPY_MADE.get(made, made).format(index=index))
+    return "%s: %s, recorded %s event%s of its own: not compared (docs/INDICES.md)" % (
+        name, what, f"{events:,}", "" if events == 1 else "s")
 
 
 def told_position(index, position):
@@ -832,6 +917,8 @@ def digest_text(h):
         return "missing"
     if h == core.INVALID_DIGEST:
         return "invalid"
+    if h == core.WITHHELD_DIGEST:
+        return "withheld"
     return None
 
 
@@ -993,3 +1080,58 @@ def different_trainer_settings(name, first, what, text, first_text):
 def earlier_trainer_run(name, written, began, newest):
     return ("%s is from an earlier run (written %s, before %s began at %s): not compared"
             % (name, written, newest, began))
+
+
+# ---------------------------------------------------------------- stepledger show
+
+def count(n, word, many=None):
+    """``n`` and its noun, singular or plural: "1 event", "1,204 events", "2 episodes started"."""
+    if n == 1:
+        return "1 %s" % word
+    return "%s %s" % (f"{n:,}", many if many is not None else word + "s")
+
+
+def show_date(t):
+    """A Unix time as show prints it: a local date and time (the meta holds the number)."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def show_streams(n_streams, n_empty, events):
+    """show FILE: how many streams and events, the streams with no events counted, not listed one by one."""
+    empty = " (%s with no events, not listed)" % f"{n_empty:,}" if n_empty else ""
+    return "  %s%s, %s" % (count(n_streams, "stream"), empty, count(events, "event"))
+
+
+def show_stream(env, events, resets):
+    """show FILE: one stream that has events."""
+    return "  env %d: %s, %s, %s" % (env, count(events, "event"), count(resets, "episode started", "episodes started"),
+                                     count(events - resets, "step"))
+
+
+def show_directory(path, n_env, n_trainer, n_other, events, partial=False):
+    """show DIR: the head line, a directory of ledgers (``partial``: some read from their spilled segments)."""
+    parts = [count(n, word) for n, word in ((n_env, "env ledger"), (n_trainer, "trainer ledger"),
+                                            (n_other, "other ledger")) if n or word == "env ledger"]
+    return "%s: a directory of %s, %s%s" % (path, _and(parts), count(events, "event"),
+                                           ", partial (some read from spilled segments)" if partial else "")
+
+
+def show_ledger(name, what, events, resets, ended, started, updated, pid):
+    """show DIR: one line per ledger. ``what``: whose it is (env 3, a copy of env 0's LedgerEnv, trainer side...);
+    ``resets`` None where not counted; ``ended``: how its recording ended (None: closed)."""
+    counts = count(events, "event")
+    if resets is not None:
+        counts += " (%s, %s)" % (count(resets, "episode started", "episodes started"), count(events - resets, "step"))
+    first, last = show_date(started), show_date(updated)
+    if first[:10] == last[:10] and first != "unknown":
+        last = last[11:]  # the same day: its time only
+    return "  %s: %s, %s, %s, %s to %s%s" % (
+        name, what, counts, ended or "closed", first, last, ", process %d" % pid if isinstance(pid, int) else "")
+
+
+def show_trainer_streams(n_streams, n_empty):
+    """show DIR: a trainer ledger's streams, those with no events counted."""
+    return "trainer side, %s%s" % (count(n_streams, "stream"), " (%s with no events)" % f"{n_empty:,}"
+                                   if n_empty else "")

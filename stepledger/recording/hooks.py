@@ -20,6 +20,7 @@ import math
 import multiprocessing.util as mp_util
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -48,6 +49,13 @@ def _close_all(state):
 
 
 def _close_all_at_exit():
+    # An exception that ended the program (a Ctrl-C in the training loop): Python sets sys.last_type before it
+    # runs the exit handlers, and the ledgers say what cut the run.
+    last = getattr(sys, "last_type", None)
+    if isinstance(last, type):
+        for rec in mine():
+            if rec.interrupted_by is None:
+                rec.interrupted_by = last.__name__
     _close_all(S.STATE_EXIT)
 
 

@@ -58,6 +58,9 @@ class EnvDifference:
         self.raw: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
         # with count_all: where each field's differences fall (stepledger.wording.pattern)
         self.patterns: list[str] = []
+        # with count_all: field -> differing events in each of SPREAD_BINS equal parts of the shared events,
+        # from the first on (what report/html.py draws)
+        self.spread: dict[str, list[int]] = {}
         self.trainer_file: str | None = None  # the trainer file that holds this env's stream, if any
         # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
         self.agents: list[str] | None = None
@@ -157,6 +160,7 @@ class Report(DifferenceReport):
         # (file name, why) of files in the env directory named like env ledgers that could not be read as one:
         # not compared (their lines are among the notes); the command exits 3 where nothing else differs
         self.unread: list[tuple[str, str]] = []
+        self.agents: list[str] | None = None  # with agent streams: the env ledgers' possible_agents
 
     @property
     def complete(self) -> bool:
@@ -187,6 +191,11 @@ class Report(DifferenceReport):
     def __repr__(self) -> str:
         return "<Report ok=%s: %s>" % (self.ok, wording.envs_differ(len(self.differences), len(self.envs),
                                                                    self.agent_streams))
+
+    def to_html(self, title: str | None = None) -> str:
+        """The report as one self-contained HTML page (stepledger.report.html)."""
+        from stepledger.report.html import to_html
+        return to_html(self, title)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
@@ -271,8 +280,11 @@ def _writer_alive(meta: Meta) -> bool | None:
     return processes.running(pid, start)
 
 
-def how_it_ended(meta: Meta) -> str | None:
-    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
+def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
+    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly.
+
+    An env ledger written on SIGTERM whose process's parent then was the writer of one of ``trainers`` (the
+    trainer ledgers' metas): said as the trainer's process ending its vector env's workers (docs/ENDINGS.md)."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
     if meta.get(S.META_REBOOTED):
         return wording.rebooted(meta[S.META_REBOOTED])
@@ -281,7 +293,18 @@ def how_it_ended(meta: Meta) -> str | None:
         if alive is False and meta.get(S.META_MAPPED):
             return wording.died_whole(meta[S.META_MAPPED])
         return wording.still_open(alive)
-    return wording.ENDED.get(state)
+    if state == S.STATE_SIGNAL:
+        for trainer in trainers:
+            if (meta.get(S.META_HOST) == trainer.get(S.META_HOST) and isinstance(meta.get(S.META_PARENT_PID), int)
+                    and meta.get(S.META_PARENT_PID) == trainer.get(S.META_PID)
+                    and meta.get(S.META_PARENT_START) == trainer.get(S.META_PID_START)
+                    and (trainer.get(S.META_INTERRUPTED_BY) in (None, "KeyboardInterrupt")
+                         or _after(meta.get(S.META_UPDATED), trainer.get(S.META_UPDATED)))):
+                # the trainer's process ended its workers. A worker killed from outside mid-run makes the
+                # trainer's next step fail (another exception) after the worker wrote: said as a SIGTERM.
+                return wording.ended_by_trainer(trainer.get(S.META_STATE, S.STATE_CLOSED),
+                                                trainer.get(S.META_INTERRUPTED_BY), meta.get(S.META_PARENT_PID))
+    return wording.ended(state, meta.get(S.META_INTERRUPTED_BY))
 
 
 def _ledger_note(name: str, meta: Meta, events: int) -> str | None:
@@ -298,11 +321,16 @@ def _agents_of(stream: Stream) -> list[str] | None:
     return agents if isinstance(agents, list) and agents else None
 
 
-def _env_notes(env_ledger: Ledger, env_dir: LedgerPath) -> list[str]:
+def _after(t: Any, other: Any) -> bool:
+    """Unix time ``t`` is not before ``other`` (as a meta holds them, to the millisecond)."""
+    return isinstance(t, (int, float)) and isinstance(other, (int, float)) and t >= other
+
+
+def _env_notes(env_ledger: Ledger, env_dir: LedgerPath, trainers: Sequence[Meta] = ()) -> list[str]:
     """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
     groups: dict[str, set[int]] = {}
     for idx, stream in env_ledger.streams.items():
-        ended = how_it_ended(stream.meta)
+        ended = how_it_ended(stream.meta, trainers)
         if ended is not None:
             agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
             groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
@@ -321,7 +349,7 @@ def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:
         which, gap = "env", n_tr - n_env
     else:
         which, gap = "trainer", n_env - n_tr
-    why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
+    why = [(side, how_it_ended(meta, [ts.meta])) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
     return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
                               min(n_env, n_tr), _agents_of(es))
 
@@ -360,9 +388,20 @@ def _read_rows(stream: Stream, names: Sequence[str], start: int, stop: int) -> C
     return {n: (v[0] if len(v) == 1 else np.concatenate(v)) for n, v in parts.items()}
 
 
-def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
+def _take_withheld(a: Columns, b: Columns) -> int:
+    """Where the trainer side recorded an observation as withheld (the library never gave it, as it says it
+    does: TorchRL's auto_reset and compact_obs), compare the env's in its place; how many there were."""
+    mask = np.asarray(b["h_obs"]) == core.WITHHELD_DIGEST
+    k = int(np.count_nonzero(mask))
+    if k:
+        b["h_obs"] = np.where(mask, a["h_obs"], b["h_obs"])
+    return k
+
+
+def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool, withheld: list[int] | None = None
                     ) -> tuple[int, dict[str, Any] | None, tuple[int, int] | None]:
-    """First differing event index (or -1), counts per field if asked, and env positions."""
+    """First differing event index (or -1), counts per field if asked, and env positions; the number of
+    withheld observations compared is appended to ``withheld``."""
     n = min(len(env_stream), len(tr_stream))
     first = -1
     counts: dict[str, Any] | None = {f: 0 for f in S.FIELDS} if count_all else None
@@ -373,6 +412,9 @@ def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
         stop = min(start + CHUNK, n)
         a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
         b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        held = _take_withheld(a, b)
+        if withheld is not None and held:
+            withheld.append(held)
         if first < 0:
             i = core.first_difference(a, b)
             if i >= 0:
@@ -387,8 +429,8 @@ def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
             for f in S.FIELDS:
                 col = S.FIELD_COLUMNS[f]
                 counts[f] += int(np.count_nonzero(np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])))
-            where = where or _Where()
-            where.add(a, b, lo)
+            where = where or _Where(n)
+            where.add(a, b, lo, start)
         if first >= 0 and not count_all:
             break
     if first < 0 and n:
@@ -485,15 +527,22 @@ def _difference_at(env_id: int, env_stream: Stream, tr_stream: Stream, index: in
 
 # ---------------------------------------------------------------- causes
 
-class _Where:
-    """With count_all: where each field's differences fall, from an env's first difference on."""
+SPREAD_BINS = 100  # parts of an env's shared events in EnvDifference.spread
 
-    def __init__(self) -> None:
+
+class _Where:
+    """With count_all: where each field's differences fall, from an env's first difference on, of ``n`` shared
+    events: in words (``patterns``) and in SPREAD_BINS equal parts of the stream (``spread``)."""
+
+    def __init__(self, n: int) -> None:
         self.totals = {"events": 0, "steps": 0, "ends": 0, "starts": 0}
         self.by_field = {f: {"at_steps": 0, "at_ends": 0, "at_starts": 0} for f in S.FIELDS}
         self._prev_kind: Any = None  # the kind of the event before the chunk
+        self.n = n
+        self.bins = {f: np.zeros(SPREAD_BINS, dtype=np.int64) for f in S.FIELDS}
 
-    def add(self, a: Columns, b: Columns, lo: int) -> None:
+    def add(self, a: Columns, b: Columns, lo: int, start: int) -> None:
+        """Rows ``lo:`` of a chunk of both streams that begins at event ``start``."""
         kind = np.asarray(a["kind"])
         prev = np.empty_like(kind)
         prev[0] = S.KIND_STEP if self._prev_kind is None else self._prev_kind
@@ -515,6 +564,12 @@ class _Where:
             c["at_steps"] += int(np.count_nonzero(diff & is_step))
             c["at_ends"] += int(np.count_nonzero(diff & ends))
             c["at_starts"] += int(np.count_nonzero(diff & starts))
+            at = np.flatnonzero(diff)
+            if at.size:
+                self.bins[f] += np.bincount((at + start + lo) * SPREAD_BINS // self.n, minlength=SPREAD_BINS)
+
+    def spread(self) -> dict[str, list[int]]:
+        return {f: [int(x) for x in b] for f, b in self.bins.items() if b.any()}
 
     def patterns(self, counts: dict[str, Any], episode: int | None, step: int | None) -> list[str]:
         out = []
@@ -792,8 +847,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                      or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
+        runs = {led.meta.get(S.META_RUN) for _, led in tr_ledger.named} - {None}
+
+        def linked(meta: Meta, idx: int) -> bool:  # the trainer side told this env ledger it is env idx of its run
+            return meta.get(S.META_RUN) in runs and meta.get(S.META_POSITION) == idx
         unread: list[tuple[str, str]] = []  # files named like env ledgers that are not: named, and the rest compared
-        env_ledger = read_ledger(env_dir, accept, unread)
+        env_ledger = read_ledger(env_dir, accept, unread, linked)
     except LedgerError:
         tr_ledger.close()
         raise
@@ -813,8 +872,16 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
         notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
+        # trainer streams no env ledger holds: beside a second recording of one index, two of the trainer side's
+        # envs were most likely given that index (the trainer side told neither its position)
+        missing = recorded - set(env_ledger.streams)
         for name, idx, dup_meta in env_ledger.duplicates:
-            notes.append(wording.recorded_twice(name, idx))
+            if (dup_meta.get(S.META_RUN) in runs and dup_meta.get(S.META_POSITION) is not None) or (
+                    missing and dup_meta.get(S.META_COPY) is None and dup_meta.get(S.META_POSITION) is None):
+                notes.append(wording.recorded_twice(name, idx))  # two of the trainer side's envs given one index
+            else:
+                notes.append(wording.recorded_copy(name, idx, env_ledger.duplicate_events.get(name, 0),
+                                                   dup_meta.get(S.META_COPY)))
         notes += _unindexed_notes(env_ledger, tr_ledger)
         for idx, stream in env_ledger.streams.items():
             position = stream.meta.get(S.META_POSITION)
@@ -835,6 +902,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
         other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
         uncompared: set[int] = set()
+        withheld: dict[int, int] = {}  # per env, the observations the library withheld from the trainer
         for k, e in enumerate(envs):
             if progress is not None:
                 progress(k, len(envs))
@@ -851,7 +919,10 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                 differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
                                                  env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
                 continue
-            first, counts, position = _compare_stream(es, ts, count_all)
+            held: list[int] = []
+            first, counts, position = _compare_stream(es, ts, count_all, held)
+            if held:
+                withheld[e] = sum(held)
             overlap = overlaps.get(e)
             if overlap is not None and 0 <= first < overlap[0]:
                 notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
@@ -879,10 +950,13 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             where = counts.pop("where", None) if counts is not None else None
             if where is not None and d.what == "fields":
                 d.patterns = where.patterns(counts, d.episode, d.step)
+                d.spread = where.spread()
             d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
             differences.append(d)
         if progress is not None:
             progress(len(envs), len(envs))
+        if withheld:
+            notes.append(wording.withheld_obs(withheld))
         envs = [e for e in envs if e not in uncompared]
         if differences:  # a difference is reported from files whose every checksum holds, never from damage
             differing = [d.env for d in differences]
@@ -890,7 +964,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
-            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".")
+            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".",
+            [led.meta for _, led in tr_ledger.named])
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
         agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
@@ -903,6 +978,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.unread = list(unread)
+        report.agents = _agents_of(on_env_side[0]) if agent_streams else None
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
-_DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
+# a second recording of env N (env-N.dup-*.npz) or a copy of its LedgerEnv (env-N.copy-*.npz, docs/INDICES.md)
+_DUP_FILE = re.compile(r"^env-(\d+)(?:%s|%s)[0-9a-f]+\.npz$" % (re.escape(S.DUPLICATE_INFIX), re.escape(S.COPY_INFIX)))
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
 _MAP_FILE = re.compile(r"^(.*\.npz)" + re.escape(S.MAP_INFIX) + r"[0-9a-f]+$")
 
@@ -188,8 +189,12 @@ class Ledger:
         self._copy: tuple[tempfile.TemporaryDirectory[str], str, str] | None = None
         # env directory: (name, reason) of env ledgers left out (see read_ledger)
         self.skipped: list[tuple[str, str]] = []
-        # env directory: (name, env index, meta) of second recordings of an env
+        # env directory: (name, env index, meta) of second recordings of an env and of copies of its LedgerEnv
         self.duplicates: list[tuple[str, int, Meta]] = []
+        # env directory: the events of each of those, by name
+        self.duplicate_events: dict[str, int] = {}
+        # env directory: the file each stream was read from (a multi-agent env ledger holds several)
+        self.origin: dict[int, str] = {}
         # env directory: (name, meta, events, first events) of ledgers with no index
         self.unindexed: list[tuple[str, Meta, int, Columns | None]] = []
 
@@ -426,14 +431,20 @@ def read(path: LedgerPath) -> Ledger:
     return read_ledger(path)
 
 
-def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
+def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
+                linked: Callable[[Meta, Any], bool] | None = None) -> Ledger:
     """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
 
     ``accept`` returns None to read a file, or the reason it is left out (it is
     then in ``ledger.skipped`` as (name, reason), and its settings are not
     checked against the others). Files ``env-N.dup-*.npz``, written by a second
-    recording of env N at the same time, are in ``ledger.duplicates`` as
-    (name, N, meta) when accepted, else skipped. Files ``env-unindexed-*.npz``,
+    recording of env N at the same time, and ``env-N.copy-*.npz``, by a copy of
+    its LedgerEnv, are in ``ledger.duplicates`` as (name, N, meta) when accepted,
+    else skipped; their events in ``ledger.duplicate_events``. ``linked(meta, N)``,
+    if given, says a file's recording is env N of the trainer side's run (the
+    trainer side told it so): such a file is env N's stream where ``env-N.npz`` is
+    not (a copy pickled into a worker, an evaluation env that wrote env-N.npz first),
+    and env-N.npz is then among the duplicates. Files ``env-unindexed-*.npz``,
     written by a LedgerEnv that had no index at its first event, are in
     ``ledger.unindexed`` as (name, meta, events, its first events' columns)
     when accepted, else skipped; they are never a stream.
@@ -456,6 +467,9 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 names.add(entry)
             elif _DUP_FILE.match(entry):
                 duplicates.append(entry)
+            elif entry.endswith(".npz.spill") and _DUP_FILE.match(entry[:-6]) and entry[:-6] not in os.listdir(path) \
+                    and _segments(os.path.join(path, entry[:-6])):
+                duplicates.append(entry[:-6])  # a copy killed before its final file
             elif _UNINDEXED_FILE.match(entry):
                 unindexed.add(entry)
             elif _MAP_FILE.match(entry):
@@ -472,7 +486,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                     names.add(entry[:-6])
                 elif _UNINDEXED_FILE.match(entry[:-6]):
                     unindexed.add(entry[:-6])
-        if not names:
+        if not names and not duplicates:
             if unindexed:
                 raise LedgerError("%s: no env ledgers with an index (env-N.npz) in this directory, only %s, "
                                   "recorded by LedgerEnvs that had no index at their first event: %s"
@@ -517,17 +531,34 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                     raise LedgerError("%s: env %d appears in more than one file (%s and %s)"
                                       % (path, idx, origin[idx], name))
                 streams[idx], origin[idx] = stream, name
+        side_events: dict[str, int] = {}
         for name in sorted(duplicates):
+            idx = _dup_file_index(name)
             try:
-                with _read_file(os.path.join(path, name)) as sub:
-                    dup_meta = dict(sub.meta)
+                sub = _read_file(os.path.join(path, name))
             except LedgerError:
                 continue  # a second recording cut short: nothing to name
+            dup_meta = dict(sub.meta)
             reason = accept(dup_meta, name) if accept else None
             if reason:
                 skipped.append((name, reason))
-            else:
-                dups.append((name, _dup_file_index(name), dup_meta))
+                sub.close()
+                continue
+            if (linked is not None and linked(dup_meta, idx) and idx in sub.streams
+                    and (idx not in streams or not linked(streams[idx].meta, streams[idx].meta.get(S.META_POSITION)))
+                    and (meta is None or _meta_key(sub.meta) == _meta_key(meta))):
+                # the recording the trainer side linked as env idx: its stream is env idx's
+                if idx in streams:
+                    dups.append((origin[idx], idx, dict(streams[idx].meta)))
+                    side_events[origin[idx]] = len(streams[idx])
+                files += sub._files
+                partial |= sub.partial
+                meta = sub.meta if meta is None else meta
+                streams[idx], origin[idx] = sub.streams[idx], name
+                continue
+            with sub:
+                side_events[name] = sub.n_events()
+            dups.append((name, idx, dup_meta))
         lost: list[tuple[str, Meta, int, Columns | None]] = []
         for name in sorted(unindexed):
             sub = open_file(name)
@@ -542,6 +573,9 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 n = len(only) if only is not None else 0
                 first = {k: np.asarray(v) for k, v in _first_rows(only).items()} if only is not None and n else None
                 lost.append((name, dict(sub.meta), n, first))
+        if meta is None and not skipped and not refused and dups:
+            raise LedgerError("%s: no env ledgers (env-N.npz) in this directory, only %s, recorded by copies of "
+                              "LedgerEnvs (docs/INDICES.md)" % (path, _named([name for name, _, _ in dups])))
         if refused:
             if meta is None and not skipped:
                 raise refused[0][1]  # nothing there can be read: the first file's error
@@ -552,6 +586,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         else:
             ledger = Ledger(path, meta, dict(sorted(streams.items())), partial, files)
         ledger.skipped, ledger.duplicates, ledger.unindexed = skipped, dups, lost
+        ledger.duplicate_events, ledger.origin = side_events, origin
         return ledger
     return _read_file(path)
 
@@ -792,6 +827,15 @@ def _ledgers_in(directory: str, names: Iterable[str], match: Callable[[str], boo
                 continue
         found.add(base)
     return [storage.join(directory, n) if remote else os.path.join(directory, n) for n in sorted(found)]
+
+
+def other_ledgers(directory: LedgerPath) -> list[str]:
+    """The paths of the ledgers in ``directory`` (a local path or a URL) that are not env ledgers by their names
+    (trainer ledgers, for ``stepledger show DIR``), a ledger killed before its final file found by its segments."""
+    text = storage.local_path(os.fspath(directory))
+    remote = storage.is_remote(text)
+    text = text.rstrip("/") if remote else text
+    return _ledgers_in(text, storage.listdir(text) if remote else os.listdir(text), lambda n: True)
 
 
 def trainer_paths(spec: TrainerSpec) -> list[tuple[str, bool]]:

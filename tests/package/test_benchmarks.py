@@ -99,3 +99,9 @@ def test_multiagent_overhead_quick(tmp_path):
         for config in ("none", "env", "trainer", "both", "both, live=True"):
             assert "\n| %s | %s |" % (form, config) in out, out
     assert "Inside the run" in out and "µs per agent step" in out
+
+
+def test_aec_overhead_quick(tmp_path):
+    pytest.importorskip("pettingzoo")
+    out = run_quick("aec_overhead.py", tmp_path)
+    assert "bare loop: " in out and "LedgerAECEnv (env side): +" in out and "(both sides): +" in out, out
