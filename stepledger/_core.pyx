@@ -555,8 +555,10 @@ cdef class StreamBuffer:
         return self.gbase
 
     cdef int _overflow(self) except -1:
-        """The ring is full (or given up): move the held events to heap columns; the ring's header stays
-        as it is, naming events that are still whole in it."""
+        """The ring is full (or given up): move the held events to heap columns. The ring's header then
+        reads as empty (base = end): the events recorded from now on are in memory only, and a reader that
+        took the ring's rows after a file would take a recording that went on for one that stopped there
+        (its end is kept: _back_to_map reuses the rows still whole in the ring)."""
         cdef Py_ssize_t n = self.size, i
         cdef uint64_t p
         if self.capacity < 2 * n:
@@ -569,6 +571,7 @@ cdef class StreamBuffer:
             self.h_rew[i] = self.m_rew[p]
             self.term[i] = self.m_term[p]
             self.trunc[i] = self.m_trunc[p]
+        sl_store_release_u64(&self.m_hdr[0], self.m_hdr[1])
         self.mapped = False
         return 0
 

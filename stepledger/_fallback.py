@@ -305,6 +305,7 @@ class StreamBuffer:
             col = np.empty(cap, dtype=dt)
             col[:n] = self._ring[name][rows]
             self._cols[name] = col
+        self._hdr[0] = self._hdr[1]  # reads as empty: what comes next is in memory only (see the compiled core)
         self._mapped = False
 
     def _back_to_map(self):

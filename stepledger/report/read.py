@@ -667,7 +667,9 @@ def _with_map(path: str, files: list[Any], live: MappedStreams | None) -> tuple[
         have = held.get(sid, 0)
         n = len(cols["kind"])
         if have < base:
-            notes[S.META_MAP_GAP] = notes.get(S.META_MAP_GAP, 0) + 1  # a segment it needs is missing
+            if n:
+                notes[S.META_MAP_GAP] = notes.get(S.META_MAP_GAP, 0) + 1  # a segment it needs is missing
+            # (empty: let go of, or overflowed, its events going on in memory only: it adds nothing)
             continue
         if have < base + n or (sid not in held and not files):
             tails[sid] = {name: arr[have - base:] for name, arr in cols.items()}

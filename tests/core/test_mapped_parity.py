@@ -94,8 +94,9 @@ def test_overflow_keeps_every_event_and_comes_back_to_the_ring():
     ops = [("append", CAP + 10), ("drop", 20), ("append", 5), ("drop", 40), ("append", 3)]
     for core in (C, F):
         _, checks = _run(core, ops)
-        # full: the ring's header stays as it was (CAP whole events); back in the ring once they fit
-        assert checks[0] == (0, CAP)
+        # full: the ring's header reads as empty (base = end), so that a reader never takes the CAP events it
+        # held for a recording that stopped there; back in the ring once they fit
+        assert checks[0] == (CAP, 0)
         assert checks[-1][1] == CAP + 10 - 20 + 5 - 40 + 3
 
 
