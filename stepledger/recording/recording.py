@@ -529,8 +529,8 @@ class Recording:
         thread, before the first segment is uploaded."""
         mine = {s.path for s in self._segs} | {first}
         self.place.remove_earlier_run(self.path, mine, self._written_events == 0)
-        if self.live is not None:
-            remove_stale(self.path, self.live.path)
+        if isinstance(self.place, LocalLedger):  # an earlier run's mapped part, whether this one has one or not
+            remove_stale(self.path, self.live.path if self.live is not None else None)
 
     def _unlink_segments(self):
         self.place.remove_segments(self.path, [s.path for s in self._segs])
@@ -574,6 +574,8 @@ class Recording:
                 # Segments of an earlier run would hold more events than this file
                 # and be read in its place.
                 self.place.remove_earlier_run(self.path, set(), False)
+                if isinstance(self.place, LocalLedger):
+                    remove_stale(self.path, self.live.path if self.live is not None else None)
             return total
 
     def discard(self):
