@@ -109,6 +109,7 @@ class LiveMap:
         self.path = map_path(ledger_path, writer)
         self.n = len(stream_ids)
         self.capacity = int(capacity)
+        self.given_up = False  # its meta outgrew its slots (write_meta)
         text = json.dumps(meta).encode()
         self.slot = _page(max(_META_SLOT_MIN, 4 * len(text)))
         self.regions_at = S.MAP_HEADER_BYTES + 2 * self.slot
@@ -148,9 +149,15 @@ class LiveMap:
 
     def write_meta(self, meta):
         """The recording's meta now (its run, position, path): into the slot not in use, then the switch."""
+        if self.given_up:
+            return
         text = json.dumps(meta).encode()
         if len(text) > self.slot:
-            return  # larger than ever expected: the earlier meta stays (it names the same spaces)
+            # larger than ever expected: no meta slot names the file any more, and it is not read (an earlier
+            # meta would place the events recorded since by what it knew then: a trainer's fragments)
+            struct.pack_into("<II", self.mm, 32, 0, 0)
+            self.given_up = True
+            return
         slot = (self.seq + 1) & 1
         self._put_meta(text, slot)
         struct.pack_into("<I", self.mm, 32 + 4 * slot, len(text))

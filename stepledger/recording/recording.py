@@ -157,6 +157,11 @@ class Recording:
         if self.live is not None and self.pid == os.getpid():
             self.live.write_meta(self.meta())
 
+    def meta_changed(self):
+        """Its meta changed between segments (a trainer's fragments): the mapped part's copy follows, so that
+        the events read from it are placed by what the recording knew when it recorded them."""
+        self._live_meta()
+
     def filling(self):
         """A mapped ring is half full or more: a spill is wanted before it overflows."""
         return any(len(b) * 2 >= b.map_capacity > 0 for b in self.buffers)

@@ -738,6 +738,9 @@ def _read_file(path: str) -> Ledger:
     meta.pop(S.META_THROUGH, None)
     if S.META_MAPPED in notes:
         meta[S.META_STATE] = S.STATE_OPEN  # it went on after its last file
+        part_meta = files[-1].meta  # its mapped part's, written again whenever its fragments change
+        if S.META_FRAGMENTS in part_meta:
+            meta[S.META_FRAGMENTS] = part_meta[S.META_FRAGMENTS]  # those of the events it recorded since
     meta.update(notes)
     pieces: dict[int, list[_Piece]] = {}
     for lf in files:
