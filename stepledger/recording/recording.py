@@ -48,7 +48,7 @@ from stepledger.format import schema as S
 from stepledger.format import storage
 from stepledger.format.ledgerfile import Segment, segment_from_file, values_member, write_ledger
 from stepledger.format.local import LocalLedger
-from stepledger.format.mapped import LiveMap, capacity_for, mapped_bytes, remove_stale
+from stepledger.format.mapped import capacity_for, mapped_bytes
 from stepledger.format.remote import RemoteLedger
 from stepledger.recording import spiller
 from stepledger.recording.checks import check_remote, check_writable
@@ -139,16 +139,18 @@ class Recording:
         """Keep the buffers' events in a file mapped shared, on local disk (format/mapped.py), so that
         whatever kills the process they reach the file. Without room for it, or at a URL, or with
         ``STEPLEDGER_MAPPED_BYTES=0``, in memory as before."""
-        if self.keep_values or not isinstance(self.place, LocalLedger):
+        if self.keep_values:
             return
         nbytes = mapped_bytes()
         if nbytes <= 0:
             return
         capacity = capacity_for(nbytes, len(self.buffers))
         try:
-            live = LiveMap(self.path, self.writer, self.stream_ids, capacity, self.meta())
+            live = self.place.mapped_part(self.path, self.writer, self.stream_ids, capacity, self.meta())
         except (OSError, ValueError):
             return  # no room, or a filesystem that cannot: the events stay in memory, spilled as before
+        if live is None:
+            return
         for k, buf in enumerate(self.buffers):
             buf.map_to(live.stream_region(k), capacity)
         self.live = live
@@ -534,8 +536,8 @@ class Recording:
         thread, before the first segment is uploaded."""
         mine = {s.path for s in self._segs} | {first}
         self.place.remove_earlier_run(self.path, mine, self._written_events == 0)
-        if isinstance(self.place, LocalLedger):  # an earlier run's mapped part, whether this one has one or not
-            remove_stale(self.path, self.live.path if self.live is not None else None)
+        # an earlier run's mapped part, whether this one has one or not
+        self.place.remove_stale_maps(self.path, self.live.path if self.live is not None else None)
 
     def _unlink_segments(self):
         self.place.remove_segments(self.path, [s.path for s in self._segs])
@@ -579,8 +581,7 @@ class Recording:
                 # Segments of an earlier run would hold more events than this file
                 # and be read in its place.
                 self.place.remove_earlier_run(self.path, set(), False)
-                if isinstance(self.place, LocalLedger):
-                    remove_stale(self.path, self.live.path if self.live is not None else None)
+                self.place.remove_stale_maps(self.path, self.live.path if self.live is not None else None)
             return total
 
     def discard(self):
