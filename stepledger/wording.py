@@ -30,25 +30,51 @@ WRAPPERS_BY_FIELD = {f: ", ".join(_examples(f, "gymnasium") + _examples(f, "stab
                      for f in ("obs", "reward", "action")}
 
 INDEX_QUESTION = "is index= each env's position in the vector env?"
-COPY_INDEX_QUESTION = ("is each LedgerParallelEnv's index its env copy's position in the vector env "
-                       "(index_supersuit_copies(venv) gives copy c index c, in SuperSuit's worker processes too)?")
+
+
+def copy_index_question(recorder=None):
+    """The question an index hint of a multi-agent env side asks; ``recorder``: its class (``agent_recorder``)."""
+    return ("is each %s's index its env copy's position in the vector env (index_supersuit_copies(venv) gives "
+            "copy c index c, in SuperSuit's worker processes too)?" % (recorder or AGENT_RECORDER))
+
+
 PLACEMENT = ("put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in "
              "the worker")
 # What moving a wrapper out of the two ledgers stops checking: every hint that advises a move says it.
 NOT_CHECKED = "no longer checked (a fault in it would no longer show)"
 
-# Multi-agent (stepledger.pettingzoo): what sits between LedgerParallelEnv and the trainer-side ledger and
-# changes values on purpose, by what it changes, and where the two ledgers go instead.
-def _agent_examples(field):
-    text = "SuperSuit's %s around LedgerParallelEnv" % " or ".join(_examples(field, "supersuit", 2))
+# Multi-agent (stepledger.pettingzoo): the env-side class a hint names, by the class a multi-agent env ledger
+# says recorded it (its meta's recorded_by), with the name of the env it wraps in the hints' examples and where
+# the trainer-side ledger goes; a file that names none is LedgerParallelEnv's (the only class before LedgerAECEnv)
+AGENT_RECORDER = "LedgerParallelEnv"
+_AGENT_RECORDERS = {
+    "LedgerParallelEnv": ("par_env", "directly around SuperSuit's vector env"),
+    "LedgerAECEnv": ("aec_env", "where the trainer is handed the turns (TurnLedger in an agent_iter loop, or "
+                                "directly around the vector env after aec_to_parallel)"),
+}
+
+
+def agent_recorder(meta):
+    """The env-side class a multi-agent env ledger's hints name: its meta's ``recorded_by`` where that is one
+    of stepledger's, else LedgerParallelEnv."""
+    name = meta.get(S.META_RECORDED_BY)
+    return name if name in _AGENT_RECORDERS else AGENT_RECORDER
+
+
+# what sits between the env-side class and the trainer-side ledger and changes values on purpose, by what it
+# changes, and where the two ledgers go instead
+def agent_wrappers(field, recorder=None):
+    text = "SuperSuit's %s around %s" % (" or ".join(_examples(field, "supersuit", 2)), recorder or AGENT_RECORDER)
     sb3 = [n for n in _examples(field, "stable_baselines3", 1)]
     return text + (", or %s on the vector env" % sb3[0] if sb3 else "")
 
 
-AGENT_WRAPPERS_BY_FIELD = {f: _agent_examples(f) for f in ("obs", "reward", "action")}
-AGENT_PLACEMENT = ("put LedgerParallelEnv around the SuperSuit wrappers that change values on purpose "
-                   "(LedgerParallelEnv(normalize_obs_v0(par_env), directory)), and the trainer-side ledger directly "
-                   "around SuperSuit's vector env; what a wrapper moved out does is then " + NOT_CHECKED)
+def agent_placement(recorder=None):
+    recorder = recorder or AGENT_RECORDER
+    env, trainer = _AGENT_RECORDERS[recorder]
+    return ("put %s around the SuperSuit wrappers that change values on purpose (%s(normalize_obs_v0(%s), "
+            "directory)), and the trainer-side ledger %s; what a wrapper moved out does is then %s"
+            % (recorder, recorder, env, trainer, NOT_CHECKED))
 
 
 def _and(items):
@@ -61,6 +87,7 @@ def _and(items):
 # ---------------------------------------------------------------- wrong or duplicate index
 
 def _index_hint(parts, pairs, unmatched, duplicates=(), copies=False):
+    recorder = copies if isinstance(copies, str) else None
     text = _and(parts)
     unit = "env copy" if copies else "env"
     by_index: dict[int, list[int]] = {}
@@ -74,7 +101,7 @@ def _index_hint(parts, pairs, unmatched, duplicates=(), copies=False):
     if dups:
         text += "; index=%s was given to more than one %s%s" % (
             _and(str(i) for i in dups), unit, " (their ledger files overwrite each other)" if duplicates else "")
-    return "hint: %s: %s" % (text, COPY_INDEX_QUESTION if copies else INDEX_QUESTION)
+    return "hint: %s: %s" % (text, copy_index_question(recorder) if copies else INDEX_QUESTION)
 
 
 def index_hint(pairs, unmatched=(), duplicates=(), copies=False):
@@ -85,7 +112,8 @@ def index_hint(pairs, unmatched=(), duplicates=(), copies=False):
     ``duplicates`` the indices that more than one env was given (their files
     overwrote each other). With ``copies``, of a multi-agent env side: each
     file is an env copy's, whose every agent stream matches those of another
-    env copy of the trainer's.
+    env copy of the trainer's (``copies`` may be the env side's class,
+    ``agent_recorder``, which the hint names).
     """
     unit = "env copy" if copies else "env"
     parts = ["env-%d.npz %s %s %d" % (idx, "matches the trainer's" if k == 0 else "its", unit, env)
@@ -203,14 +231,16 @@ def checked_wrapper_warning(owner, names, outside=False):
                "it" if one else "each", NOT_CHECKED, ", ".join(names)))
 
 
-def every_env_hint(field, n_envs, agent_streams=False, wrappers=()):
+def every_env_hint(field, n_envs, agent_streams=False, wrappers=(), recorder=None):
     """Every env (every agent stream of a multi-agent env ledger) differs in the same field from its first
     events. ``wrappers``: those the trainer-side ledger found between the two ledgers when it was built (its
     meta's ``wrappers``, stack.check_placement): named as changing values on purpose where the table (or the
-    user) says so, else as on the checked side, their differences their doing."""
+    user) says so, else as on the checked side, their differences their doing. ``recorder``: the multi-agent
+    env side's class (``agent_recorder``)."""
     kind = _FIELD_WORDS.get(field, field)
-    between = "LedgerParallelEnv and the trainer-side ledger" if agent_streams else "the two ledgers"
-    placement = AGENT_PLACEMENT if agent_streams else PLACEMENT
+    recorder = recorder or AGENT_RECORDER
+    between = "%s and the trainer-side ledger" % recorder if agent_streams else "the two ledgers"
+    placement = agent_placement(recorder) if agent_streams else PLACEMENT
     if agent_streams:
         who = "all %d agent streams differ" % n_envs if n_envs > 1 else "the agent stream differs"
     else:
@@ -236,7 +266,8 @@ def every_env_hint(field, n_envs, agent_streams=False, wrappers=()):
                 % (who, field, _and(others), "s" if one else "", between, "its" if one else "their",
                    "it" if one else "them", "inside LedgerEnv" if outside else "out of the two ledgers",
                    "its" if one else "their", "it" if one else "each", NOT_CHECKED))
-    wrappers_text = (AGENT_WRAPPERS_BY_FIELD if agent_streams else WRAPPERS_BY_FIELD).get(field)
+    wrappers_text = (agent_wrappers(field, recorder) if field in WRAPPERS_BY_FIELD else None) if agent_streams \
+        else WRAPPERS_BY_FIELD.get(field)
     cause = ("something between %s changes %s from the first events on: a wrapper that changes them on purpose%s "
              "does that, and so does a fault in anything else between them" % (
                  between, kind, " (%s)" % wrappers_text if wrappers_text else ""))
@@ -249,12 +280,16 @@ TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True 
                    "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put LedgerEnv "
                    "outermost in the worker, after TimeLimit: its episode ends are then the env's, and only their "
                    "way to the trainer is checked")
-# the same with multi-agent env ledgers: PettingZoo has no TimeLimit; a parallel env wrapper ends the episodes
-AGENT_TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "
-                         "wrapper that ends episodes (a time limit) between LedgerParallelEnv and the trainer-side "
-                         "ledger does that; put LedgerParallelEnv around it (LedgerParallelEnv(time_limit(par_env), "
-                         "directory)): its episode ends are then the env's, and only their way to the trainer is "
-                         "checked")
+
+
+def agent_time_limit_hint(recorder=None):
+    """TIME_LIMIT_HINT with multi-agent env ledgers (``recorder``: their class, ``agent_recorder``): PettingZoo
+    has no TimeLimit; a wrapper of the PettingZoo env ends the episodes."""
+    recorder = recorder or AGENT_RECORDER
+    return ("hint: only truncated differs, and the trainer received True where the env gave False: a wrapper that "
+            "ends episodes (a time limit) between %s and the trainer-side ledger does that; put %s around it "
+            "(%s(time_limit(%s), directory)): its episode ends are then the env's, and only their way to the "
+            "trainer is checked" % (recorder, recorder, recorder, _AGENT_RECORDERS[recorder][0]))
 
 TRUNCATION_AS_TERMINATION_HINT = (
     "hint: truncation arrived as termination: at each of these steps the env truncated the episode and the "
@@ -383,15 +418,17 @@ SETTING_NAMES = {S.META_REWARD_DTYPE: "reward dtype", S.META_OBS_SPACE: "observa
 
 def different_settings(key, env_text, trainer_text, agent_streams=False):
     """The two sides recorded with different settings: offline compare and the live check both say this.
-    ``agent_streams``: the env side is multi-agent (stepledger.pettingzoo)."""
+    ``agent_streams``: the env side is multi-agent (stepledger.pettingzoo): True, or the class that recorded
+    it (``agent_recorder``)."""
+    recorder = agent_streams if isinstance(agent_streams, str) else AGENT_RECORDER
     msg = "the two sides recorded different %ss: env %s, trainer %s" % (SETTING_NAMES[key], env_text, trainer_text)
     if key == S.META_REWARD_DTYPE:
         return msg + "; pass the same reward_dtype to both sides"
     if agent_streams:
-        return msg + ("; a wrapper that changes the space (SuperSuit's %s, ... around LedgerParallelEnv, or %s on "
-                      "the vector env) probably sits between LedgerParallelEnv and the trainer-side ledger: %s"
-                      % (", ".join(_examples("space", "supersuit")), _examples("space", "stable_baselines3", 1)[0],
-                         AGENT_PLACEMENT))
+        return msg + ("; a wrapper that changes the space (SuperSuit's %s, ... around %s, or %s on the vector "
+                      "env) probably sits between %s and the trainer-side ledger: %s"
+                      % (", ".join(_examples("space", "supersuit")), recorder,
+                         _examples("space", "stable_baselines3", 1)[0], recorder, agent_placement(recorder)))
     return msg + ("; a wrapper that changes the space (%s, ...) probably sits between a ledger and the vector env: "
                   "%s; what it then does is %s" % (", ".join(_examples("space", "gymnasium", 2) + _examples(
                       "space", "stable_baselines3", 1)), PLACEMENT, NOT_CHECKED))
@@ -408,7 +445,8 @@ def settings_difference(env_meta, trainer_meta):
     if found is None:
         return None
     key, env_text, trainer_text = found
-    return different_settings(key, env_text, trainer_text, bool(env_meta.get(S.META_POSSIBLE_AGENTS)))
+    return different_settings(key, env_text, trainer_text,
+                              agent_recorder(env_meta) if env_meta.get(S.META_POSSIBLE_AGENTS) else False)
 
 
 def differing_setting(a_meta, b_meta):
@@ -713,6 +751,26 @@ def spill_next_to_final(n_segments, final):
     one = n_segments == 1
     return ("%d spill segment%s next to the final file %s: read in its place only if %s of a later recording or "
             "hold%s more" % (n_segments, "" if one else "s", final, "it is" if one else "they are", "s" if one else ""))
+
+
+# ---------------------------------------------------------------- how compare runs (report/parallel.py)
+
+def bad_jobs(given):
+    """``given``: the argument as the user wrote it (``jobs=0``; on the command line, its value: ``'0'``)."""
+    return "%s: the number of worker processes must be a whole number, 1 or more" % given
+
+
+def worker_lost(who, how, first_env, last_env):
+    envs = "env %d" % first_env if first_env == last_env else "envs %d to %d" % (first_env, last_env)
+    return ("the compare worker (%s) comparing %s ended before it was done (%s): the comparison is not whole, "
+            "so no report is given; compare again" % (who, envs, how))
+
+
+RAY_MISSING = "ray= (--ray) needs Ray, which is not installed here: pip install \"ray>=2\""
+
+
+def ray_unreachable(address, why):
+    return "the Ray cluster at %s cannot be joined (%s)" % (address, why)
 
 
 def not_compared(name, reason):

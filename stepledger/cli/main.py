@@ -76,6 +76,14 @@ def _report(args, command, check):
     return EXIT_OK if getattr(report, "complete", True) else EXIT_NOT_ALL
 
 
+def _jobs(text):
+    from stepledger.report.parallel import check_jobs
+    try:
+        return check_jobs(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(wording.bad_jobs(repr(text))) from None  # after "argument --jobs: "
+
+
 def _compared(args):
     """What a compare compared, as its command line names it (the HTML page's title)."""
     return " ".join(["stepledger compare", args.env_dir] + list(args.trainer_file))
@@ -85,7 +93,7 @@ def _compare(args):
     from stepledger.report.compare import compare
     trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
     return _report(args, "compare", lambda progress: compare(args.env_dir, trainers, count_all=args.all,
-                                                             progress=progress))
+                                                             progress=progress, jobs=args.jobs, ray=args.ray))
 
 
 def _stream_counts(ledger):
@@ -280,6 +288,13 @@ def build_parser():
     c.add_argument("--junit", metavar="FILE",
                    help="also write a JUnit XML report to FILE, one test case per env (on exit 2, one failing "
                         "test case that carries the error)")
+    c.add_argument("--jobs", metavar="N", type=_jobs, default=None,
+                   help="compare the envs in N worker processes (default: the cores this process may run on; a "
+                        "small compare runs in one process); the report is the same")
+    c.add_argument("--ray", metavar="ADDRESS", nargs="?", const=True, default=None,
+                   help="compare the envs as Ray tasks on the cluster at ADDRESS (without ADDRESS: the one "
+                        "RAY_ADDRESS names, or 'auto'), each task reading its ledgers from the path or URL "
+                        "itself; needs Ray")
     c.add_argument("--html", metavar="FILE",
                    help="also write the report as one self-contained HTML page to FILE: the summary, a row per "
                         "stream with where it differs (with --all, where every difference falls), both sides' "

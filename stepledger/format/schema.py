@@ -129,6 +129,7 @@ META_POSITION = "position"  # env side: its position in the trainer's vector env
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
 META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-agent env ledger
+META_RECORDED_BY = "recorded_by"  # multi-agent env side: the class that recorded it (LedgerParallelEnv, LedgerAECEnv)
 # trainer side: the wrappers it found between the two ledgers when it was built (stepledger.stack), each
 # {"name": class name, "deliberate": bool, "changes": [fields] or null, "where": "inside" | "around LedgerEnv"}
 META_WRAPPERS = "wrappers"
@@ -318,6 +319,8 @@ META_KEYS = (
     MetaKey(META_PARENT_START, "int", required=(), minimum=0),
     # multi-agent env side: the agent of each stream, in stream order (stepledger.pettingzoo)
     MetaKey(META_POSSIBLE_AGENTS, "strings", required=()),
+    # and the class that recorded it, which compare's hints name (files without it: LedgerParallelEnv's)
+    MetaKey(META_RECORDED_BY, "str", required=()),
     # the wrappers the trainer side found between the two ledgers (read by compare's hints only)
     MetaKey(META_WRAPPERS, "wrappers", required=()),
 )

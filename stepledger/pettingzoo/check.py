@@ -217,7 +217,7 @@ def check_from_cli(args, progress):
 
 def turn_rollout(env_fn, games, directory, fault=None, agent=None, at=2, seed=0, dose="one"):
     """``games`` games of ``env_fn()`` (a turn-based env) through the hand-written ``agent_iter`` loop, random
-    legal moves (the action mask where the observation has one), LedgerAECEnv on the env side and TurnLedger
+    legal moves (the action mask where the observation or the info has one), LedgerAECEnv on the env side and TurnLedger
     on the trainer side, FaultyAECEnv between them where ``fault``; returns (compare's report, where the fault
     first struck, or None)."""
     from stepledger.pettingzoo.aec import LedgerAECEnv, TurnLedger
@@ -236,11 +236,14 @@ def turn_rollout(env_fn, games, directory, fault=None, agent=None, at=2, seed=0,
             env.reset(seed=seed + game)
             turns.new_game()  # a step the trainer was never handed (agent:no-last) is dropped on its side
             for who in env.agent_iter():
-                obs, reward, term, trunc, _ = env.last()
+                obs, reward, term, trunc, info = env.last()
                 turns.observed(who, obs, reward, term, trunc)
                 action = None
                 if not (term or trunc):
-                    mask = obs.get("action_mask") if isinstance(obs, dict) else None
+                    # the action mask: in the observation dict (PettingZoo's classic games) or in info (Shimmy's
+                    # OpenSpiel games)
+                    mask = (obs if isinstance(obs, dict) else info if isinstance(info, dict) else {}).get(
+                        "action_mask")
                     space = env.action_space(who)
                     action = (int(rng.choice(np.flatnonzero(mask))) if mask is not None and np.any(mask)
                               else space.sample())

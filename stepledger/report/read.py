@@ -154,6 +154,22 @@ class Stream:
         return None
 
 
+#: a stream as another process re-opens it: (env index, [(file path, first row, end row)], meta)
+StreamRef = tuple[int, list[tuple[str, int, int]], Meta]
+
+
+def stream_ref(stream: Stream, name: Callable[[str], str] = str) -> StreamRef:
+    """What a worker needs to read ``stream`` itself: each piece's file (as ``name`` gives it: a URL's local
+    copy named by its URL) and rows, and the meta. No column is read."""
+    return stream.index, [(name(p.lf.path), p.start, p.stop) for p in stream.pieces], stream.meta
+
+
+def open_stream(ref: StreamRef, open_file: Callable[[str], LedgerFile]) -> Stream:
+    """The Stream of a ``stream_ref``, its files opened by ``open_file(path)`` (which may keep them open)."""
+    index, pieces, meta = ref
+    return Stream(index, [_Piece(open_file(path), start, stop) for path, start, stop in pieces], meta)
+
+
 def _encoded_offset(lf: LedgerFile, field: str, row: int) -> int:
     return encoded_offsets(lf, field, [row])[0]
 
@@ -432,7 +448,7 @@ def read(path: LedgerPath) -> Ledger:
 
 
 def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
-                linked: Callable[[Meta, Any], bool] | None = None) -> Ledger:
+                linked: Callable[[Meta, Any], bool] | None = None, threads: int = 1) -> Ledger:
     """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
 
     ``accept`` returns None to read a file, or the reason it is left out (it is
@@ -453,10 +469,13 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
     (``env-N.npz``, ``env-unindexed-*.npz``) but cannot be read as one (a stray file, a damaged one), and the
     others are read; without it such a file is refused (LedgerError). A directory where no env ledger can be
     read is refused either way.
+
+    ``threads`` open a directory's env ledgers at once (opening one inflates and checks its small members,
+    which releases the GIL); the result is the same.
     """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path):
-        return _read_url(path, accept, unread)
+        return _read_url(path, accept, unread, threads=threads)
     if os.path.isdir(path) and not path.endswith(".spill"):
         names: set[str] = set()
         duplicates: list[str] = []
@@ -501,16 +520,22 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         origin: dict[int, str] = {}  # env index -> the file its stream was read from
         refused: list[tuple[str, LedgerError]] = []  # (name, the LedgerError) of files named like env ledgers that cannot be read as one
 
-        def open_file(name: str) -> Any:
-            try:
-                return _read_file(os.path.join(path, name))
-            except LedgerError as exc:
-                if unread is None:
-                    raise
-                refused.append((name, exc))
-                return None
+        ordered = sorted(names, key=_env_file_index)
+        opened = _open_many([os.path.join(path, name) for name in ordered], threads)
 
-        for name in sorted(names, key=_env_file_index):
+        def open_file(name: str) -> Any:
+            got = opened.pop(name) if name in opened else _open_many([os.path.join(path, name)], 1)[name]
+            if isinstance(got, LedgerError):
+                if unread is None:
+                    for led in opened.values():
+                        if isinstance(led, Ledger):
+                            led.close()
+                    raise got
+                refused.append((name, got))
+                return None
+            return got
+
+        for name in ordered:
             sub = open_file(name)
             if sub is None:
                 continue
@@ -589,6 +614,21 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         ledger.duplicate_events, ledger.origin = side_events, origin
         return ledger
     return _read_file(path)
+
+
+def _open_many(paths: list[str], threads: int) -> dict[str, Ledger | LedgerError]:
+    """Each ledger file of ``paths`` read (``_read_file``), or the LedgerError it raised, by base name;
+    ``threads`` at once."""
+    def one(p: str) -> Ledger | LedgerError:
+        try:
+            return _read_file(p)
+        except LedgerError as exc:
+            return exc
+    if threads <= 1 or len(paths) <= 1:
+        return {os.path.basename(p): one(p) for p in paths}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(threads, len(paths))) as pool:
+        return dict(zip((os.path.basename(p) for p in paths), pool.map(one, paths)))
 
 
 def _env_file_index(name: str) -> int:
@@ -755,7 +795,8 @@ def _read_file(path: str) -> Ledger:
     return Ledger(path, meta, streams, partial, on_disk)
 
 
-def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
+def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
+              threads: int = 1) -> Ledger:
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
     The copy is removed when the Ledger is closed. Error messages name the URL.
@@ -780,7 +821,7 @@ def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, st
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
             storage.fetch(url, local)
             storage.fetch_all(_segment_copies(url, local))
-        ledger = read_ledger(local, accept, unread)
+        ledger = read_ledger(local, accept, unread, threads=threads)
     except LedgerError as exc:
         tmp.cleanup()
         raise type(exc)(str(exc).replace(local, url)) from None

@@ -101,6 +101,14 @@ def test_multiagent_overhead_quick(tmp_path):
     assert "Inside the run" in out and "µs per agent step" in out
 
 
+def test_compare_scale_quick(tmp_path):
+    out = run_quick("compare_scale.py", tmp_path)
+    assert "## Compare at scale" in out
+    assert "| --jobs 1 |" in out and "| --jobs 2 |" in out
+    assert "| 4 x 600,000 |" in out and "local, 40 envs" in out
+    assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "temporary files left behind"
+
+
 def test_aec_overhead_quick(tmp_path):
     pytest.importorskip("pettingzoo")
     out = run_quick("aec_overhead.py", tmp_path)

@@ -264,3 +264,65 @@ def test_aec_to_parallel_into_supersuit_compares_clean(tmp_path, form, num_cpus)
         assert report.ok, str(report)
     with read(os.path.join(d, "env-1.npz")) as led:
         assert all((led.streams[s].columns["kind"] == S.KIND_RESET).sum() == 3 for s in (3, 4, 5))
+
+
+# ---------------------------------------------------------------- hints name the class of the env-side ledger
+
+def test_hints_name_ledger_aec_env_where_it_recorded(tmp_path):
+    """A wrong index and a trainer side of another space, with a turn-based env ledger: the hints name
+    LedgerAECEnv (the meta's recorded_by), not LedgerParallelEnv."""
+    d = str(tmp_path / "index")
+    os.makedirs(d)
+    report, _, _ = run(d, tictactoe_v3.env, games=2, index=1)  # the trainer's only env copy is copy 0
+    with read(os.path.join(d, "env-1.npz")) as led:
+        assert led.meta[S.META_RECORDED_BY] == "LedgerAECEnv"
+    assert report.hints == ["hint: env-1.npz matches the trainer's env copy 0: is each LedgerAECEnv's index its env copy's position in the vector env "
+                            "(index_supersuit_copies(venv) gives copy c index c, in SuperSuit's worker processes "
+                            "too)?"], report.hints
+    d = str(tmp_path / "space")
+    os.makedirs(d)
+    env = LedgerAECEnv(tictactoe_v3.env(), d, index=0)
+    agents = env.possible_agents
+    board = env.observation_space(agents[0])["observation"]  # the board alone: not the space the env side records
+    turns = TurnLedger(os.path.join(d, "trainer.npz"), agents, board, env.action_space(agents[0]))
+    env.reset(seed=0)
+    obs, reward, term, trunc, _ = env.last()
+    turns.observed(env.agent_selection, obs["observation"], reward, term, trunc)  # a trainer that drops the mask
+    env.close()
+    turns.close()
+    with pytest.raises(LedgerError) as refused:
+        compare(d, os.path.join(d, "trainer.npz"))
+    text = str(refused.value)
+    assert text.startswith("the two sides recorded different observation spaces: ") and (
+        "around LedgerAECEnv, or VecFrameStack on the vector env) probably sits between LedgerAECEnv and the "
+        "trainer-side ledger: put LedgerAECEnv around the SuperSuit wrappers that change values on purpose "
+        "(LedgerAECEnv(normalize_obs_v0(aec_env), directory)), and the trainer-side ledger where the trainer is "
+        "handed the turns (TurnLedger in an agent_iter loop, or directly around the vector env after "
+        "aec_to_parallel)") in text and "LedgerParallelEnv" not in text, text
+
+
+def test_a_reward_wrapper_after_ledger_aec_env_is_named_in_the_hint(tmp_path):
+    """SuperSuit's clip_reward_v0 between LedgerAECEnv and the trainer side (through aec_to_parallel into
+    SuperSuit's vector env) changes every agent's reward from the first step: the hint names LedgerAECEnv."""
+    ss = pytest.importorskip("supersuit")
+    simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+    from pettingzoo.utils.conversions import aec_to_parallel
+    from stepledger.pettingzoo import LedgerSuperSuitVecEnv
+    d = str(tmp_path)
+    env = aec_to_parallel(ss.clip_reward_v0(LedgerAECEnv(simple_spread_v3.env(N=2, max_cycles=5), d),
+                                            lower_bound=-0.01, upper_bound=0.01))
+    venv = LedgerSuperSuitVecEnv(ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), 1, num_cpus=0,
+                                                       base_class="gymnasium"), os.path.join(d, "trainer.npz"))
+    venv.reset(seed=0)
+    space = venv.action_space
+    space.seed(0)
+    for _ in range(3):
+        venv.step(np.stack([space.sample() for _ in range(venv.num_envs)]))
+    venv.close()
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert {(x.env, x.fields) for x in report.differences} == {(0, ("reward",)), (1, ("reward",))}, str(report)
+    assert report.hints[0].startswith(
+        "hint: all 2 agent streams differ in reward from their first events: something between LedgerAECEnv and "
+        "the trainer-side ledger changes rewards from the first events on: a wrapper that changes them on purpose "
+        "(SuperSuit's clip_reward_v0 or reward_lambda_v0 around LedgerAECEnv, "), report.hints
+    assert "LedgerParallelEnv" not in report.hints[0], report.hints
