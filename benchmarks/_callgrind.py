@@ -30,9 +30,10 @@ def collected(step, items):
     functools.reduce(lambda _, item: step(item), items, None)
 
 
-def per_call(script, args, calls, timeout=1800):
+def per_call(script, args, calls, timeout=1800, env=None):
     """Instructions per call of ``collected`` in ``script --count *args`` run under callgrind (``calls``: its
-    items), or None without valgrind."""
+    items), or None without valgrind. ``env``: more environment variables for that run (another checkout's
+    PYTHONPATH, say)."""
     if not available():
         return None
     with tempfile.TemporaryDirectory(prefix="stepledger-callgrind-") as tmp:
@@ -40,7 +41,7 @@ def per_call(script, args, calls, timeout=1800):
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                         "--callgrind-out-file=" + out, sys.executable, os.path.abspath(script), "--count",
                         *[str(a) for a in args]],
-                       env=dict(os.environ, **ENV), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, **ENV, **(env or {})), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=timeout)
         with open(out) as f:
             total = next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))

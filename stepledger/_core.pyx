@@ -11,7 +11,7 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject_IsTrue
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.math cimport INFINITY
 from libc.string cimport memcpy, memmove, memset
@@ -40,6 +40,17 @@ cdef extern from "_blake2b.h":
     void sl_blake2b64_x2_padded(const uint8_t *b0, size_t len0, const uint8_t *b1, size_t len1,
                                 uint64_t *out) nogil
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* The commit of a mapped ring's end: stored after the event's bytes, release-ordered, so that
+       whatever the process's death leaves, the file never says an event is whole before its bytes are. */
+    static inline void sl_store_release_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline uint64_t sl_load_acquire_u64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    """
+    void sl_store_release_u64(uint64_t *p, uint64_t v) nogil
+    uint64_t sl_load_acquire_u64(uint64_t *p) nogil
+
 IMPLEMENTATION = "cython"
 cdef bint _HAVE_AVX2 = sl_have_avx2()
 cdef bint _HAVE_AVX512 = sl_have_avx512()
@@ -50,7 +61,10 @@ cdef Py_ssize_t _limit = S.DEFAULT_MEMORY_LIMIT
 # time.monotonic(); and whether the memory limit is held off until then (a spill failed).
 cdef double _deadline = INFINITY
 cdef bint _hold = False
+# A mapped ring is filling (past half, then each eighth more): the recordings want a spill.
+cdef bint _pressure = False
 cdef Py_ssize_t BYTES_PER_EVENT = S.BYTES_PER_EVENT
+cdef Py_ssize_t MAP_H = S.MAP_STREAM_HEADER  # a mapped stream region's header, then its rings
 cdef uint8_t KIND_RESET = S.KIND_RESET
 cdef uint8_t KIND_STEP = S.KIND_STEP
 cdef uint64_t NO_DIGEST = S.NO_DIGEST
@@ -115,8 +129,19 @@ cdef inline bint _due() noexcept nogil:
     cdef timespec ts
     if _used > _limit and not _hold:
         return True
+    if _pressure:
+        return True
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + 1e-9 * ts.tv_nsec >= _deadline
+
+
+def map_pressure(clear=False):
+    """Whether a mapped ring has filled past half (or a further eighth) since it was last cleared."""
+    global _pressure
+    cdef bint was = _pressure
+    if clear:
+        _pressure = False
+    return was
 
 
 def set_memory_in_use(nbytes):
@@ -423,7 +448,13 @@ cdef void *_resized(void *p, size_t nbytes) except NULL:
 
 
 cdef class StreamBuffer:
-    """Growable columns for one stream of events, _schema.BYTES_PER_EVENT bytes an event."""
+    """Growable columns for one stream of events, _schema.BYTES_PER_EVENT bytes an event.
+
+    Heap columns, or (``map_to``) rings in a region of a file mapped shared (format/mapped.py): event g
+    of the stream at row g & mask, and the region's header holding [base, end), end stored after the
+    event's bytes. A ring that fills moves its events to heap columns (``overflow``) and comes back to
+    the ring once a spill has let go of enough; the ring's header never names a row that is not whole.
+    """
 
     cdef uint8_t *kind
     cdef uint64_t *h_obs
@@ -433,13 +464,32 @@ cdef class StreamBuffer:
     cdef uint8_t *trunc
     cdef Py_ssize_t size
     cdef Py_ssize_t capacity
+    # the mapped ring (has_map), and whether appends go to it now (mapped; else heap, an overflow)
+    cdef object m_owner
+    cdef bint has_map
+    cdef bint mapped
+    cdef uint64_t *m_hdr
+    cdef uint8_t *m_kind
+    cdef uint8_t *m_term
+    cdef uint8_t *m_trunc
+    cdef uint64_t *m_obs
+    cdef uint64_t *m_act
+    cdef uint64_t *m_rew
+    cdef Py_ssize_t m_cap
+    cdef uint64_t m_mask
+    cdef Py_ssize_t warn_at
+    cdef uint64_t gbase  # the stream's events before the first held one (let go of: segments hold them)
 
     def __cinit__(self, capacity=1024):
         self.size = 0
         self.capacity = 0
+        self.gbase = 0
+        self.has_map = False
+        self.mapped = False
         self._grow(max(int(capacity), 16))
 
     def __dealloc__(self):
+        # never writes to a mapped region: a forked child's copy of a parent's buffer goes away here
         global _used
         _used = max(0, _used - self.size * BYTES_PER_EVENT)
         free(self.kind)
@@ -459,6 +509,106 @@ cdef class StreamBuffer:
         self.capacity = capacity
         return 0
 
+    def map_to(self, region, Py_ssize_t capacity):
+        """Keep this buffer's events in ``region`` (a writable buffer laid out as format/mapped.py's stream
+        region: its header, then rings of ``capacity`` rows, a power of two), from now on."""
+        cdef uint8_t[::1] view = region
+        cdef uint8_t *p
+        if capacity < 16 or capacity & (capacity - 1):
+            raise ValueError("map_to: capacity must be a power of two of 16 or more, not %d" % capacity)
+        if view.shape[0] < MAP_H + 27 * capacity:
+            raise ValueError("map_to: a region of %d bytes cannot hold %d rows" % (view.shape[0], capacity))
+        p = &view[0]
+        self.m_owner = view  # the mapping stays while this buffer (and any view of it) lives
+        self.m_hdr = <uint64_t *>p
+        self.m_kind = p + MAP_H
+        self.m_term = p + MAP_H + capacity
+        self.m_trunc = p + MAP_H + 2 * capacity
+        self.m_obs = <uint64_t *>(p + MAP_H + 3 * capacity)
+        self.m_act = <uint64_t *>(p + MAP_H + 11 * capacity)
+        self.m_rew = <uint64_t *>(p + MAP_H + 19 * capacity)
+        self.m_cap = capacity
+        self.m_mask = <uint64_t>(capacity - 1)
+        self.has_map = True
+        self.mapped = False
+        self._back_to_map()
+
+    def unmap(self):
+        """Stop writing to the mapped region (its file is removed): the events held move to heap columns."""
+        if self.has_map and self.mapped:
+            self._overflow()
+        self.has_map = False
+
+    @property
+    def map_capacity(self):
+        """Rows of the mapped ring (0 without one)."""
+        return self.m_cap if self.has_map else 0
+
+    @property
+    def in_map(self):
+        """Whether the events held are in the mapped ring now (not overflowed to the heap)."""
+        return self.mapped
+
+    @property
+    def dropped(self):
+        """Events of this stream let go of (segments hold them): the global index of the first held."""
+        return self.gbase
+
+    cdef int _overflow(self) except -1:
+        """The ring is full (or given up): move the held events to heap columns. The ring's header then
+        reads as empty (base = end): the events recorded from now on are in memory only, and a reader that
+        took the ring's rows after a file would take a recording that went on for one that stopped there
+        (its end is kept: _back_to_map reuses the rows still whole in the ring)."""
+        cdef Py_ssize_t n = self.size, i
+        cdef uint64_t p
+        if self.capacity < 2 * n:
+            self._grow(max(2 * n, 16))
+        for i in range(n):
+            p = (self.gbase + i) & self.m_mask
+            self.kind[i] = self.m_kind[p]
+            self.h_obs[i] = self.m_obs[p]
+            self.h_act[i] = self.m_act[p]
+            self.h_rew[i] = self.m_rew[p]
+            self.term[i] = self.m_term[p]
+            self.trunc[i] = self.m_trunc[p]
+        sl_store_release_u64(&self.m_hdr[0], self.m_hdr[1])
+        self.mapped = False
+        return 0
+
+    cdef void _back_to_map(self) noexcept:
+        """From heap columns into the ring, when they fit: base first, then the rows the ring lacks,
+        then end, so that the header names whole rows at every moment."""
+        cdef uint64_t me, g, stop
+        cdef Py_ssize_t i
+        if not self.has_map or self.mapped or self.size > self.m_cap:
+            return
+        me = self.m_hdr[1]
+        sl_store_release_u64(&self.m_hdr[0], self.gbase)  # base >= end reads as empty
+        stop = self.gbase + <uint64_t>self.size
+        g = self.gbase if self.gbase > me or me > stop else me
+        while g < stop:
+            i = <Py_ssize_t>(g - self.gbase)
+            self.m_kind[g & self.m_mask] = self.kind[i]
+            self.m_obs[g & self.m_mask] = self.h_obs[i]
+            self.m_act[g & self.m_mask] = self.h_act[i]
+            self.m_rew[g & self.m_mask] = self.h_rew[i]
+            self.m_term[g & self.m_mask] = self.term[i]
+            self.m_trunc[g & self.m_mask] = self.trunc[i]
+            g += 1
+        sl_store_release_u64(&self.m_hdr[1], stop)
+        self.mapped = True
+        self.warn_at = max(self.size, self.m_cap >> 1)
+
+    cdef inline void note_action(self, const uint8_t *msg, Py_ssize_t n, uint64_t digest) noexcept:
+        """The env side's step under way took this action (its message, n bytes; or n < 0 and its digest):
+        noted in the ring's header, pending last, so that a process that dies in the step says so."""
+        cdef uint8_t *h = <uint8_t *>self.m_hdr
+        if n >= 0:
+            memcpy(h + 64, msg, n)
+        (<int32_t *>(h + 40))[0] = <int32_t>n
+        (<uint64_t *>(h + 48))[0] = 0 if n >= 0 else digest
+        sl_store_release_u64(<uint64_t *>(h + 32), self.gbase + <uint64_t>self.size + 1)
+
     cdef inline int push(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
                          bint terminated, bint truncated) except -1:
         """Append one event; returns 1 when the recordings want attention (memory or time, see _due)."""
@@ -468,8 +618,27 @@ cdef class StreamBuffer:
     cdef inline int put(self, uint8_t kind, uint64_t h_obs, uint64_t h_act, uint64_t h_rew,
                         bint terminated, bint truncated) except -1:
         """Append one event without asking whether the recordings want attention (the caller asks once)."""
-        global _used
+        global _used, _pressure
         cdef Py_ssize_t n = self.size
+        cdef uint64_t g, p
+        if self.mapped:
+            if n < self.m_cap:
+                g = self.gbase + <uint64_t>n
+                p = g & self.m_mask
+                self.m_kind[p] = kind
+                self.m_obs[p] = h_obs
+                self.m_act[p] = h_act
+                self.m_rew[p] = h_rew
+                self.m_term[p] = terminated
+                self.m_trunc[p] = truncated and not terminated
+                self.size = n + 1
+                sl_store_release_u64(&self.m_hdr[1], g + 1)  # the commit: after the event's bytes
+                _used += BYTES_PER_EVENT
+                if n >= self.warn_at:
+                    _pressure = True
+                    self.warn_at = n + (self.m_cap >> 3)
+                return 0
+            self._overflow()
         if n == self.capacity:
             self._grow(2 * n)
         self.kind[n] = kind
@@ -493,13 +662,28 @@ cdef class StreamBuffer:
     def nbytes(self):
         return self.size * BYTES_PER_EVENT
 
+    cdef void _ring_copy(self, uint8_t *dst, const uint8_t *col, Py_ssize_t width) noexcept:
+        """Copy the held rows of one ring column (``width`` bytes a row) to dst, in order."""
+        cdef Py_ssize_t p0 = <Py_ssize_t>(self.gbase & self.m_mask), first
+        first = min(self.size, self.m_cap - p0)
+        memcpy(dst, col + p0 * width, first * width)
+        if first < self.size:
+            memcpy(dst + first * width, col, (self.size - first) * width)
+
     def columns(self):
         """Copies of the recorded columns, keyed by column name."""
         cdef Py_ssize_t n = self.size
         out = {}
         for name, dt in S.EVENT_COLUMNS:
             out[name] = np.empty(n, dtype=dt)
-        if n:
+        if n and self.mapped:
+            self._ring_copy(<uint8_t *>cnp.PyArray_DATA(out["kind"]), self.m_kind, 1)
+            self._ring_copy(<uint8_t *>cnp.PyArray_DATA(out["h_obs"]), <uint8_t *>self.m_obs, 8)
+            self._ring_copy(<uint8_t *>cnp.PyArray_DATA(out["h_act"]), <uint8_t *>self.m_act, 8)
+            self._ring_copy(<uint8_t *>cnp.PyArray_DATA(out["h_rew"]), <uint8_t *>self.m_rew, 8)
+            self._ring_copy(<uint8_t *>cnp.PyArray_DATA(out["terminated"]), self.m_term, 1)
+            self._ring_copy(<uint8_t *>cnp.PyArray_DATA(out["truncated"]), self.m_trunc, 1)
+        elif n:
             memcpy(cnp.PyArray_DATA(out["kind"]), self.kind, n)
             memcpy(cnp.PyArray_DATA(out["h_obs"]), self.h_obs, n * 8)
             memcpy(cnp.PyArray_DATA(out["h_act"]), self.h_act, n * 8)
@@ -513,9 +697,24 @@ cdef class StreamBuffer:
 
         They are valid until the buffer next changes (an append, clear or
         release); spills and final writes use them, so that writing a
-        buffer out does not need memory for a second copy of it.
+        buffer out does not need memory for a second copy of it. Held rows
+        that wrap around a mapped ring's end are copied (a few MB at most).
         """
         cdef cnp.npy_intp n = self.size
+        cdef Py_ssize_t p0
+        if self.mapped:
+            p0 = <Py_ssize_t>(self.gbase & self.m_mask)
+            if p0 + n > self.m_cap:
+                out = self.columns()
+                for arr in out.values():
+                    arr.flags.writeable = False
+                return out
+            return {"kind": _view(self.m_kind + p0, n, cnp.NPY_UINT8, self),
+                    "h_obs": _view(self.m_obs + p0, n, cnp.NPY_UINT64, self),
+                    "h_act": _view(self.m_act + p0, n, cnp.NPY_UINT64, self),
+                    "h_rew": _view(self.m_rew + p0, n, cnp.NPY_UINT64, self),
+                    "terminated": _view(self.m_term + p0, n, cnp.NPY_BOOL, self),
+                    "truncated": _view(self.m_trunc + p0, n, cnp.NPY_BOOL, self)}
         return {"kind": _view(self.kind, n, cnp.NPY_UINT8, self),
                 "h_obs": _view(self.h_obs, n, cnp.NPY_UINT64, self),
                 "h_act": _view(self.h_act, n, cnp.NPY_UINT64, self),
@@ -523,10 +722,19 @@ cdef class StreamBuffer:
                 "terminated": _view(self.term, n, cnp.NPY_BOOL, self),
                 "truncated": _view(self.trunc, n, cnp.NPY_BOOL, self)}
 
+    cdef void _let_go(self, Py_ssize_t k) noexcept:
+        """The first k held events are let go of (segments hold them)."""
+        self.gbase += <uint64_t>k
+        self.size -= k
+        if self.mapped:
+            sl_store_release_u64(&self.m_hdr[0], self.gbase)
+            self.warn_at = max(self.size, self.m_cap >> 1)
+
     def clear(self):
         global _used
         _used = max(0, _used - self.size * BYTES_PER_EVENT)
-        self.size = 0
+        self._let_go(self.size)
+        self._back_to_map()
 
     def release(self):
         """Clear, and give the memory of a grown buffer back."""
@@ -543,14 +751,16 @@ cdef class StreamBuffer:
         if k > self.size:
             raise ValueError("drop_front: %d events asked, %d held" % (k, self.size))
         rest = self.size - k
-        memmove(self.kind, self.kind + k, rest)
-        memmove(self.h_obs, self.h_obs + k, rest * 8)
-        memmove(self.h_act, self.h_act + k, rest * 8)
-        memmove(self.h_rew, self.h_rew + k, rest * 8)
-        memmove(self.term, self.term + k, rest)
-        memmove(self.trunc, self.trunc + k, rest)
-        self.size = rest
+        if not self.mapped:
+            memmove(self.kind, self.kind + k, rest)
+            memmove(self.h_obs, self.h_obs + k, rest * 8)
+            memmove(self.h_act, self.h_act + k, rest * 8)
+            memmove(self.h_rew, self.h_rew + k, rest * 8)
+            memmove(self.term, self.term + k, rest)
+            memmove(self.trunc, self.trunc + k, rest)
+        self._let_go(k)
         _used = max(0, _used - k * BYTES_PER_EVENT)
+        self._back_to_map()
 
 
 cdef inline void _int64_message(int64_t iv, uint8_t *buf) noexcept:
@@ -754,9 +964,15 @@ cdef class EventRecorder:
             self.act_leaves = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
             return 0
         # a small action's whole message is copied (it is digested with the obs in step_taken)
-        self.act_len = self.act.padded_message(action, self.act_msg) if _HAVE_AVX2 else -1
+        cdef StreamBuffer buf = self.buffer
+        self.act_len = self.act.padded_message(action, self.act_msg) if _HAVE_AVX2 or buf.mapped else -1
         if self.act_len < 0:
             self.act_digest = self.act.digest(action)
+        if buf.mapped:
+            buf.note_action(self.act_msg, self.act_len, self.act_digest)
+            if not _HAVE_AVX2 and self.act_len >= 0:  # digested alone in step_taken there
+                self.act_digest = self.act.digest(action)
+                self.act_len = -1
         return 0
 
     def step_taken(self, obs, reward, terminated, truncated, /):

@@ -14,6 +14,7 @@ order, little-endian.
 """
 
 import ctypes
+from typing import Any
 import hashlib
 import operator
 import struct
@@ -25,7 +26,7 @@ from stepledger.format import schema as S
 
 IMPLEMENTATION = "python"
 
-_BUDGET = {"limit": S.DEFAULT_MEMORY_LIMIT, "used": 0, "deadline": float("inf"), "hold": False}
+_BUDGET = {"limit": S.DEFAULT_MEMORY_LIMIT, "used": 0, "deadline": float("inf"), "hold": False, "pressure": False}
 
 
 def set_memory_limit(nbytes):
@@ -66,7 +67,17 @@ def _due():
     """Over the memory limit, or past the deadline: the recordings want attention."""
     if _BUDGET["used"] > _BUDGET["limit"] and not _BUDGET["hold"]:
         return True
+    if _BUDGET["pressure"]:
+        return True
     return time.monotonic() >= _BUDGET["deadline"]
+
+
+def map_pressure(clear=False):
+    """Whether a mapped ring has filled past half (or a further eighth) since it was last cleared."""
+    was = _BUDGET["pressure"]
+    if clear:
+        _BUDGET["pressure"] = False
+    return was
 
 
 def set_memory_in_use(nbytes):
@@ -213,11 +224,21 @@ def reward_bits_array(rewards, is_f32):
 
 
 class StreamBuffer:
-    """Growable columns for one stream of events (the reference implementation)."""
+    """Growable columns for one stream of events (the reference implementation).
+
+    Heap columns, or (``map_to``) rings in a region of a file mapped shared (format/mapped.py), as the
+    compiled core's: event g at row g & mask, the region's header holding [base, end), end stored last.
+    """
 
     def __init__(self, capacity=1024):
         self._cols = {name: np.empty(max(int(capacity), 16), dtype=dt) for name, dt in S.EVENT_COLUMNS}
         self._size = 0
+        self._gbase = 0
+        self._ring: Any = None  # column name -> the ring's array (numpy over the mapped region)
+        self._hdr: Any = None   # the region's header: uint64 [base, end, ...]
+        self._mapped = False
+        self._cap = 0
+        self._warn_at = 0
 
     def __len__(self):
         return self._size
@@ -226,9 +247,106 @@ class StreamBuffer:
     def nbytes(self):
         return self._size * S.BYTES_PER_EVENT
 
+    def map_to(self, region, capacity):
+        """Keep this buffer's events in ``region`` (see the compiled core), from now on."""
+        capacity = int(capacity)
+        if capacity < 16 or capacity & (capacity - 1):
+            raise ValueError("map_to: capacity must be a power of two of 16 or more, not %d" % capacity)
+        mem = memoryview(region).cast("B")
+        if mem.nbytes < S.MAP_STREAM_HEADER + 27 * capacity:
+            raise ValueError("map_to: a region of %d bytes cannot hold %d rows" % (mem.nbytes, capacity))
+        self._hdr = np.frombuffer(mem, np.uint64, S.MAP_ACTION_AT // 8, 0)
+        self._hdr_bytes = mem[: S.MAP_STREAM_HEADER]
+        ring, pos = {}, S.MAP_STREAM_HEADER
+        for name in S.MAP_COLUMN_ORDER:
+            dt = S.COLUMN_DTYPES[name]
+            ring[name] = np.frombuffer(mem, dt, capacity, pos)
+            pos += np.dtype(dt).itemsize * capacity
+        self._ring, self._cap, self._mapped = ring, capacity, False
+        self._back_to_map()
+
+    def unmap(self):
+        """Stop writing to the mapped region (its file is removed): the events held move to heap columns."""
+        if self._ring is not None and self._mapped:
+            self._overflow()
+        self._ring = None
+
+    @property
+    def map_capacity(self):
+        return self._cap if self._ring is not None else 0
+
+    @property
+    def in_map(self):
+        return self._mapped
+
+    @property
+    def dropped(self):
+        return self._gbase
+
+    def _note_action(self, message, digest):
+        """The env side's step under way took this action (its message, or None and its digest), noted in
+        the ring's header, pending last."""
+        h = self._hdr_bytes
+        if message is not None:
+            h[S.MAP_ACTION_AT: S.MAP_ACTION_AT + len(message)] = message
+        struct.pack_into("<iiQ", h, S.MAP_ACTION_LEN, -1 if message is None else len(message), 0,
+                         0 if message is not None else digest)
+        self._hdr[S.MAP_PENDING // 8] = self._gbase + self._size + 1
+
+    def _rows(self):
+        """Ring rows of the held events, in order."""
+        return (self._gbase + np.arange(self._size, dtype=np.uint64)) % np.uint64(self._cap)
+
+    def _overflow(self):
+        n = self._size
+        rows = self._rows()
+        cap = max(self._cols["kind"].shape[0], 2 * n, 16)
+        for name, dt in S.EVENT_COLUMNS:
+            col = np.empty(cap, dtype=dt)
+            col[:n] = self._ring[name][rows]
+            self._cols[name] = col
+        self._hdr[0] = self._hdr[1]  # reads as empty: what comes next is in memory only (see the compiled core)
+        self._mapped = False
+
+    def _back_to_map(self):
+        if self._ring is None or self._mapped or self._size > self._cap:
+            return
+        hdr, ring, cap = self._hdr, self._ring, self._cap
+        me = int(hdr[1])
+        hdr[0] = self._gbase  # base >= end reads as empty
+        stop = self._gbase + self._size
+        g = self._gbase if self._gbase > me or me > stop else me
+        if g < stop:
+            rows = np.arange(g, stop, dtype=np.uint64) % np.uint64(cap)
+            lo = g - self._gbase
+            for name in S.MAP_COLUMN_ORDER:
+                ring[name][rows] = self._cols[name][lo:self._size]
+        hdr[1] = stop
+        self._mapped = True
+        self._warn_at = max(self._size, cap >> 1)
+
     def append(self, kind, h_obs, h_act, h_rew, terminated, truncated):
         """Append one event. Returns True when the process is over its memory limit."""
         n = self._size
+        if self._mapped:
+            if n < self._cap:
+                g = self._gbase + n
+                p = g & (self._cap - 1)
+                r = self._ring
+                r["kind"][p] = kind
+                r["h_obs"][p] = h_obs
+                r["h_act"][p] = h_act
+                r["h_rew"][p] = h_rew
+                r["terminated"][p] = bool(terminated)
+                r["truncated"][p] = bool(truncated) and not bool(terminated)
+                self._size = n + 1
+                self._hdr[1] = g + 1  # the commit: after the event's bytes
+                _BUDGET["used"] += S.BYTES_PER_EVENT
+                if n >= self._warn_at:
+                    _BUDGET["pressure"] = True
+                    self._warn_at = n + (self._cap >> 3)
+                return _due()
+            self._overflow()
         if n == self._cols["kind"].shape[0]:
             for name in self._cols:
                 old = self._cols[name]
@@ -249,20 +367,40 @@ class StreamBuffer:
     def columns(self):
         """Copies of the recorded columns, keyed by column name (of one length: the events whole when called)."""
         n = self._size  # another thread may append meanwhile: rows below n are complete in every column
+        if self._mapped:
+            rows = (self._gbase + np.arange(n, dtype=np.uint64)) % np.uint64(self._cap)
+            return {name: self._ring[name][rows] for name, _ in S.EVENT_COLUMNS}
         return {name: arr[:n].copy() for name, arr in list(self._cols.items())}
 
     def views(self):
         """Read-only views of the recorded columns, valid until the buffer next changes."""
         out = {}
+        if self._mapped:
+            p0 = self._gbase & (self._cap - 1)
+            if p0 + self._size > self._cap:
+                out = self.columns()
+            else:
+                out = {name: self._ring[name][p0: p0 + self._size] for name, _ in S.EVENT_COLUMNS}
+            for view in out.values():
+                view.flags.writeable = False
+            return out
         for name, arr in self._cols.items():
             view = arr[: self._size]
             view.flags.writeable = False
             out[name] = view
         return out
 
+    def _let_go(self, k):
+        self._gbase += k
+        self._size -= k
+        if self._mapped:
+            self._hdr[0] = self._gbase
+            self._warn_at = max(self._size, self._cap >> 1)
+
     def clear(self):
         _BUDGET["used"] = max(0, _BUDGET["used"] - self._size * S.BYTES_PER_EVENT)
-        self._size = 0
+        self._let_go(self._size)
+        self._back_to_map()
 
     def release(self):
         """Clear and give back this buffer's share of the process budget."""
@@ -276,10 +414,12 @@ class StreamBuffer:
         if k > self._size:
             raise ValueError("drop_front: %d events asked, %d held" % (k, self._size))
         rest = self._size - k
-        for arr in self._cols.values():
-            arr[:rest] = arr[k:self._size].copy()
-        self._size = rest
+        if not self._mapped:
+            for arr in self._cols.values():
+                arr[:rest] = arr[k:self._size].copy()
+        self._let_go(k)
         _BUDGET["used"] = max(0, _BUDGET["used"] - k * S.BYTES_PER_EVENT)
+        self._back_to_map()
 
 
 def _digest_value(layout, value):
@@ -334,6 +474,8 @@ class EventRecorder:
             self._act = None if leaves is None else [np.array(leaf, copy=True) for leaf in leaves]
         else:
             self._act = _digest_value(self.act_layout, action)
+            if self.buffer.in_map:
+                self.buffer._note_action(_small_message(self.act_layout, action), self._act)
 
     def step_taken(self, obs, reward, terminated, truncated, /):
         """Record the step whose action take_action() noted."""
@@ -367,6 +509,27 @@ class EventRecorder:
         kind, h_obs, h_act, h_rew, te, tr = self._last
         return struct.pack(S.TOKEN_FORMAT, S.TOKEN_VERSION, index, self.counter - 1, self.episode,
                            self.step_in_episode, kind, h_obs, h_act, h_rew, _token_flags(te, tr))
+
+
+def _small_message(layout, value):
+    """The digest message of an action the compiled core copies whole (its fast path: an ndarray of the one
+    leaf's dtype and shape, C-ordered and native, whose message fits MAP_ACTION_BYTES; or a Discrete int that
+    fits int64), else None (its digest is noted instead)."""
+    fast = layout.fast_leaf
+    if fast is not None and type(value) is np.ndarray:
+        dtype, shape = fast
+        if (dtype.isnative and dtype.kind in "biufc" and value.dtype == dtype and value.shape == tuple(shape)
+                and value.flags.c_contiguous):
+            msg = encode_leaves([value])
+            return msg if len(msg) <= S.MAP_ACTION_BYTES else None
+    if layout.discrete and (type(value) is int or isinstance(value, np.integer)):
+        try:
+            iv = operator.index(value)
+        except TypeError:
+            return None
+        if -(1 << 63) <= iv < (1 << 63):
+            return encode_leaves([np.array(iv, dtype=np.int64)])
+    return None
 
 
 def _token_flags(terminated, truncated):

@@ -36,6 +36,7 @@ memory_limit = _impl.memory_limit
 memory_in_use = _impl.memory_in_use
 account = _impl.account
 set_memory_in_use = _impl.set_memory_in_use
+map_pressure = _impl.map_pressure
 set_deadline = _impl.set_deadline
 deadline = _impl.deadline
 MISSING_DIGEST = _impl.MISSING_DIGEST

@@ -697,6 +697,32 @@ def still_open(alive):
     return "not closed (its process is gone)" if alive is False else "not closed"
 
 
+def died_whole(mapped):
+    """A recording whose process died (a kill, a crash) and whose mapped part held its last events."""
+    return "its process died; every event it recorded is read (%s from its mapped part)" % f"{mapped:,}"
+
+
+def rebooted(events):
+    """A recording whose machine rebooted since: its mapped part is not read (format/mapped.py)."""
+    return ("its machine rebooted since (another boot id): read up to its last spill, which was on disk; "
+            "the %s events in its mapped part are left out, as pages that may never have been written" % f"{events:,}")
+
+
+def rebooted_nothing():
+    return ("its machine rebooted since it was recorded (another boot id) and it had no spill on disk: its "
+            "mapped part may hold pages that never reached the disk, so none of it is read")
+
+
+def died_during(env, entry):
+    """An env side whose process died in a step (its mapped part noted the step's action, and no result)."""
+    action = entry.get("action")
+    took = "it had taken action %s; " % action if action is not None else ""
+    if entry.get("step", 1) == 0:
+        return "env %s: its process died during the first reset (the reset never returned)" % env
+    return "env %s: its process died during step %d of episode %d (%sthe step never returned)" % (
+        env, entry.get("step", 0), entry.get("episode", 0), took)
+
+
 def ledger_note(name, ended, updated, events):
     """A ledger that was not closed cleanly: how it ended, when it was last written, how much it holds."""
     last = ", last written %s" % when(updated) if isinstance(updated, (int, float)) else ""

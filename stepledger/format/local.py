@@ -154,6 +154,14 @@ class LocalLedger(LedgerPlace):
         except Exception:
             pass
 
+    def mapped_part(self, path, writer, stream_ids, capacity, meta):
+        from stepledger.format.mapped import LiveMap
+        return LiveMap(path, writer, stream_ids, capacity, meta)
+
+    def remove_stale_maps(self, path, own):
+        from stepledger.format.mapped import remove_stale
+        remove_stale(path, own)
+
     def remove_earlier_run(self, path, mine, final):
         for old in glob.glob(os.path.join(glob.escape(spill_dir(path)), "seg-*")):  # also writes cut short
             if old not in mine:

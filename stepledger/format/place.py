@@ -96,6 +96,15 @@ class LedgerPlace:
         segment paths) that an earlier run left, and with ``final`` the file at ``path``."""
         raise NotImplementedError
 
+    def mapped_part(self, path, writer, stream_ids, capacity, meta):
+        """The mapped part of a recording at ``path`` (format/mapped.py's LiveMap), or None where the place
+        keeps none (object storage: uploads keep their own rules). Raises OSError without room for it."""
+        raise NotImplementedError
+
+    def remove_stale_maps(self, path, own):
+        """Remove the mapped parts at ``path`` that earlier recordings left (their process gone), but ``own``."""
+        raise NotImplementedError
+
     def remove_segments(self, path, segments):
         """At the end, the final file in place: remove the spill segments (``segments``: this recording's)."""
         raise NotImplementedError

@@ -359,6 +359,12 @@ class RemoteLedger(LedgerPlace):
         except Exception:
             pass
 
+    def mapped_part(self, path, writer, stream_ids, capacity, meta):
+        return None  # uploads keep their own rules: the events stay in memory, spilled as before
+
+    def remove_stale_maps(self, path, own):
+        pass
+
     def remove_earlier_run(self, path, mine, final):
         """The segments are looked for only if there were any at construction (one listing less at close());
         raises if storage cannot be reached (in the upload thread, the upload is then tried again)."""

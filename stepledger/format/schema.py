@@ -150,9 +150,17 @@ COPIES = (COPY_PICKLED, COPY_REBUILT)
 META_INTERRUPTED_BY = "interrupted_by"
 META_PARENT_PID = "parent_pid"
 META_PARENT_START = "parent_pid_start"
+# What the reader notes in a ledger's meta of its mapped part (never written in a file): the events read
+# from it, those it left out because the machine rebooted since (its pages may not have reached the disk),
+# and rings that need a segment that is missing.
+META_MAPPED = "mapped_events"
+META_REBOOTED = "rebooted_events"
+META_MAP_GAP = "mapped_gap"
+META_DIED = "died_during"  # {env index: {"event", "episode", "step", "action" (a text, or None)}}
 PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
                  META_PID_START, META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS, META_COPY,
-                 META_INTERRUPTED_BY, META_PARENT_PID, META_PARENT_START)
+                 META_INTERRUPTED_BY, META_PARENT_PID, META_PARENT_START,
+                 META_MAPPED, META_REBOOTED, META_MAP_GAP, META_DIED)
 
 # How a recording had ended when a file of it was written (META_STATE).
 STATE_OPEN = "open"                # still recording: written by a periodic spill, flush() or a merge
@@ -183,6 +191,41 @@ DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 # of its last interval (while it steps) plus the time of one write.
 ENV_FLUSH_INTERVAL = "STEPLEDGER_FLUSH_INTERVAL"
 DEFAULT_FLUSH_INTERVAL = 5.0
+
+# The mapped part of a ledger (format/mapped.py): the events no spill segment holds yet live in a file
+# mapped shared into the recording process, on local disk, ``NAME.live-{writer}``, so that they reach the
+# file however the process dies. Little-endian. A file header (MAP_HEADER_BYTES: magic, layout version,
+# streams, capacity, meta slot size, meta sequence and the two slots' lengths, the boot id of the machine
+# that wrote it), two slots for the recording's meta (JSON; the slot ``seq & 1`` is current, written whole
+# before seq is bumped), then a region a stream: a header of MAP_STREAM_HEADER bytes (base: the stream's
+# events before the first held, which segments hold; end: one past the last whole event, stored after the
+# event's bytes, release-ordered; synced: events known on disk, for a machine crash; the env index), then
+# the columns as rings of ``capacity`` rows (a power of two), event g at row g % capacity: kind, terminated,
+# truncated (1 byte), h_obs, h_act, h_rew (8 bytes).
+MAP_INFIX = ".live-"
+MAP_MAGIC = b"SLMAP\x00\x00\x01"
+MAP_LAYOUT_VERSION = 1
+MAP_HEADER_FORMAT = "<8sIIIIQII40s"  # magic, version, streams, capacity, meta slot, meta seq, len0, len1, boot id
+MAP_HEADER_BYTES = 4096
+MAP_STREAM_HEADER = 256
+# base, end, synced, env index; then the env side's step under way: pending (the index of its event + 1,
+# stored after the rest: the step never returned while pending == end + 1), the length of its action's
+# message (-1: its digest only), unused, the action's digest (when no message); the message at MAP_ACTION_AT
+MAP_STREAM_FORMAT = "<QQQqQiiQ"
+MAP_BASE, MAP_END, MAP_SYNCED, MAP_PENDING, MAP_ACTION_LEN, MAP_ACTION_DIGEST = 0, 8, 16, 32, 40, 48
+MAP_ACTION_AT = 64
+MAP_ACTION_BYTES = 128  # the digest message of a small action (one leaf, or a Discrete int), as FORMAT.md §2
+MAP_COLUMN_ORDER = ("kind", "terminated", "truncated", "h_obs", "h_act", "h_rew")  # in the region, in order
+MAP_PAGE = 4096  # regions and meta slots start on a page
+# Bytes of a ledger's mapped part (all its streams): ``STEPLEDGER_MAPPED_BYTES``, 0 for none (today's
+# in-memory buffers: a SIGKILL then loses the events since the last spill). Each stream gets a ring of
+# at least MAP_MIN_CAPACITY events; a ring half full asks for a spill (in the background).
+ENV_MAPPED_BYTES = "STEPLEDGER_MAPPED_BYTES"
+DEFAULT_MAPPED_BYTES = 4 << 20
+MAP_MIN_CAPACITY = 1024
+# For tests: the boot id the reader takes as this machine's (a machine crash, simulated).
+ENV_BOOT_ID = "STEPLEDGER_BOOT_ID"
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 # Live mode: the token LedgerEnv(live=True) attaches to each event's info.
 # Little-endian: version u8, env index u32, event counter u64, episode i64,

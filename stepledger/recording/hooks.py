@@ -217,6 +217,7 @@ def attend():
         IdleSpiller.start()  # the process's first event: spills go on while it is idle
     now = time.monotonic()
     over = core.memory_in_use() > core.memory_limit()
+    filling = core.map_pressure(clear=True)  # a mapped ring half full: spilled now, in the background
     open_here = mine()
     handed = False
     for rec in open_here:
@@ -224,7 +225,7 @@ def attend():
             rec.let_go_written()  # the spiller wrote them: no write here, only memory given back
         if rec.failing():
             continue  # its write failed: the idle spiller tries again, with a back-off, never a step
-        if now >= rec.retry_at and (over or now >= rec.due):
+        if now >= rec.retry_at and (over or now >= rec.due or (filling and rec.filling())):
             if not over and rec.can_hand_off():
                 rec.hand_off(now)  # due by time: the spiller writes, the step goes on
                 handed = True
@@ -243,6 +244,7 @@ def spill_everything():
     """Spill every recording of this process now (what attend() does when memory is over)."""
     if not IdleSpiller.running:
         IdleSpiller.start()
+    core.map_pressure(clear=True)  # every ring is let go of here
     open_here = mine()
     for rec in open_here:
         rec.spill()

@@ -48,6 +48,7 @@ from stepledger.format import schema as S
 from stepledger.format import storage
 from stepledger.format.ledgerfile import Segment, segment_from_file, values_member, write_ledger
 from stepledger.format.local import LocalLedger
+from stepledger.format.mapped import capacity_for, mapped_bytes
 from stepledger.format.remote import RemoteLedger
 from stepledger.recording import spiller
 from stepledger.recording.checks import check_remote, check_writable
@@ -124,11 +125,55 @@ class Recording:
         self.deferred = False  # env side: its index was given after construction (LedgerEnv.set_index)
         self.buffers = [core.StreamBuffer() for _ in self.stream_ids]
         self.values = [ValueStore(self.value_members) for _ in self.stream_ids] if self.keep_values else None
+        self.live = None  # the mapped part (format/mapped.py): the events no segment holds, kept through a kill
+        self._map()
         with spiller.LOCK:
             OPEN[id(self)] = self
         hook_process()
         IdleSpiller.wake()
         reschedule()
+
+    # ------------------------------------------------------------ the mapped part
+
+    def _map(self):
+        """Keep the buffers' events in a file mapped shared, on local disk (format/mapped.py), so that
+        whatever kills the process they reach the file. Without room for it, or at a URL, or with
+        ``STEPLEDGER_MAPPED_BYTES=0``, in memory as before."""
+        if self.keep_values:
+            return
+        nbytes = mapped_bytes()
+        if nbytes <= 0:
+            return
+        capacity = capacity_for(nbytes, len(self.buffers))
+        try:
+            live = self.place.mapped_part(self.path, self.writer, self.stream_ids, capacity, self.meta())
+        except (OSError, ValueError):
+            return  # no room, or a filesystem that cannot: the events stay in memory, spilled as before
+        if live is None:
+            return
+        for k, buf in enumerate(self.buffers):
+            buf.map_to(live.stream_region(k), capacity)
+        self.live = live
+
+    def _live_meta(self):
+        if self.live is not None and self.pid == os.getpid():
+            self.live.write_meta(self.meta())
+
+    def meta_changed(self):
+        """Its meta changed between segments (a trainer's fragments): the mapped part's copy follows, so that
+        the events read from it are placed by what the recording knew when it recorded them."""
+        self._live_meta()
+
+    def filling(self):
+        """A mapped ring is half full or more: a spill is wanted before it overflows."""
+        return any(len(b) * 2 >= b.map_capacity > 0 for b in self.buffers)
+
+    def _unmap(self):
+        if self.live is not None:
+            for buf in self.buffers:
+                buf.unmap()
+            self.live.remove()
+            self.live = None
 
     # ------------------------------------------------------------ claiming the path
 
@@ -166,6 +211,12 @@ class Recording:
             warnings.warn(wording.recorded_beside(self.path, holder.get(S.META_PID), beside,
                                                   S.META_STATE not in holder), RuntimeWarning, stacklevel=6)
         self.path = beside
+        if self.live is not None:
+            try:
+                self.live.rename(beside, self.writer)
+            except OSError:
+                pass
+            self._live_meta()
         return beside
 
     # ------------------------------------------------------------ what the wrappers tell it
@@ -174,6 +225,7 @@ class Recording:
         """The trainer side's run id and this env's position in its vector env (env side)."""
         self.run = None if run is None else str(run)
         self.position = None if position is None else int(position)
+        self._live_meta()
 
     # ------------------------------------------------------------ state
 
@@ -448,6 +500,7 @@ class Recording:
         self.place.upload_segment(local, path, before=(lambda: self._remove_earlier_run(path)) if first else None)
         self._segs.append(_SegmentFile(k, k, 0, path, local))
         self._next_segment = k + 1
+        self._live_meta()  # what it knows now (its settings learned since, its position)
 
     def _write_segment(self, first, last, segments):
         name = segment_name(first)
@@ -483,6 +536,8 @@ class Recording:
         thread, before the first segment is uploaded."""
         mine = {s.path for s in self._segs} | {first}
         self.place.remove_earlier_run(self.path, mine, self._written_events == 0)
+        # an earlier run's mapped part, whether this one has one or not
+        self.place.remove_stale_maps(self.path, self.live.path if self.live is not None else None)
 
     def _unlink_segments(self):
         self.place.remove_segments(self.path, [s.path for s in self._segs])
@@ -526,6 +581,7 @@ class Recording:
                 # Segments of an earlier run would hold more events than this file
                 # and be read in its place.
                 self.place.remove_earlier_run(self.path, set(), False)
+                self.place.remove_stale_maps(self.path, self.live.path if self.live is not None else None)
             return total
 
     def discard(self):
@@ -575,6 +631,7 @@ class Recording:
         """Closed for good: free the buffers and kept values, drop the staging area, leave the registry."""
         self.place.close()  # the claim given up, the stage removed
         self.closed = True
+        self._unmap()
         for b in self.buffers:
             b.release()
         if self.values:

@@ -403,6 +403,7 @@ class TrainerLedger:
         if self.recording is not None:
             self.recording.extra_meta[S.META_FRAGMENTS] = {
                 str(int(i)): [[int(o), int(r)] for o, r in pairs] for i, pairs in fragments.items()}
+            self.recording.meta_changed()
 
     # ------------------------------------------------------------------ the live check
 

@@ -289,8 +289,13 @@ def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
     An env ledger written on SIGTERM whose process's parent then was the writer of one of ``trainers`` (the
     trainer ledgers' metas): said as the trainer's process ending its vector env's workers (docs/ENDINGS.md)."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
+    if meta.get(S.META_REBOOTED):
+        return wording.rebooted(meta[S.META_REBOOTED])
     if state == S.STATE_OPEN:
-        return wording.still_open(_writer_alive(meta))
+        alive = _writer_alive(meta)
+        if alive is False and meta.get(S.META_MAPPED):
+            return wording.died_whole(meta[S.META_MAPPED])
+        return wording.still_open(alive)
     if state == S.STATE_SIGNAL:
         for trainer in trainers:
             if (meta.get(S.META_HOST) == trainer.get(S.META_HOST) and isinstance(meta.get(S.META_PARENT_PID), int)
@@ -332,7 +337,12 @@ def _env_notes(env_ledger: Ledger, env_dir: LedgerPath, trainers: Sequence[Meta]
         if ended is not None:
             agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
             groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
-    return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())]
+    died = []
+    for idx, stream in env_ledger.streams.items():  # a stream's own entry (a file's meta holds its streams')
+        entry = stream.meta.get(S.META_DIED, {}).get(str(idx))
+        if entry is not None:
+            died.append(wording.died_during(idx, entry))
+    return [wording.env_files_ended(env_dir, sorted(files), ended) for ended, files in sorted(groups.items())] + died
 
 
 def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:

@@ -20,6 +20,7 @@ from stepledger.format import storage
 from stepledger import wording
 from stepledger.errors import LedgerError
 from stepledger.format.ledgerfile import CHUNK, LedgerFile, encoded_offsets, positions, spill_dir
+from stepledger.format.mapped import MappedStreams, maps_of, read_map
 from stepledger._fallback import decode_leaves
 from stepledger.format.spaces import digest_signature
 
@@ -30,6 +31,7 @@ _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
 # a second recording of env N (env-N.dup-*.npz) or a copy of its LedgerEnv (env-N.copy-*.npz, docs/INDICES.md)
 _DUP_FILE = re.compile(r"^env-(\d+)(?:%s|%s)[0-9a-f]+\.npz$" % (re.escape(S.DUPLICATE_INFIX), re.escape(S.COPY_INFIX)))
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
+_MAP_FILE = re.compile(r"^(.*\.npz)" + re.escape(S.MAP_INFIX) + r"[0-9a-f]+$")
 
 #: a ledger's meta, as its file holds it (JSON: the keys are format/schema.py's META_*)
 Meta = dict[str, Any]
@@ -46,8 +48,43 @@ Accept = Callable[[Meta, str], Union[str, None]]
 class _Piece:
     """Rows [start, stop) of one file's columns, belonging to one stream."""
 
-    def __init__(self, lf: LedgerFile, start: int, stop: int) -> None:
+    def __init__(self, lf: Any, start: int, stop: int) -> None:
         self.lf, self.start, self.stop = lf, start, stop
+
+
+class _Rows:
+    """A column read from a mapped part: rows [start, stop) of an array in memory."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.arr[start:stop]
+
+
+class _MapPart:
+    """The events of a mapped part that no file of its recording holds (format/mapped.py), read like a
+    segment: ``source(name).read(start, stop)``, one stream after the other (``stream_ids``, ``offsets``)."""
+
+    members: dict[str, Any] = {}
+
+    def __init__(self, live: MappedStreams, tails: dict[int, Columns]) -> None:
+        self.path, self.meta = live.path, dict(live.meta)
+        self.stream_ids = sorted(tails)
+        counts = [len(tails[s]["kind"]) for s in self.stream_ids]
+        self.offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self._cols = {name: _Rows(np.concatenate([tails[s][name] for s in self.stream_ids])
+                                  if self.stream_ids else np.empty(0, S.COLUMN_DTYPES[name]))
+                      for name in S.EVENT_COLUMN_NAMES}
+
+    def source(self, name: str) -> _Rows:
+        return self._cols[name]
+
+    def verify_all(self) -> None:
+        pass  # in memory already: the rings name whole rows only
+
+    def close(self) -> None:
+        pass
 
 
 class Stream:
@@ -454,6 +491,13 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 duplicates.append(entry[:-6])  # a copy killed before its final file
             elif _UNINDEXED_FILE.match(entry):
                 unindexed.add(entry)
+            elif _MAP_FILE.match(entry):
+                # an env killed before its first spill: its mapped part holds its events
+                name = _MAP_FILE.match(entry).group(1)  # type: ignore[union-attr]
+                if _ENV_FILE.match(name):
+                    names.add(name)
+                elif _UNINDEXED_FILE.match(name):
+                    unindexed.add(name)
             elif entry.endswith(".npz.spill") and _segments(os.path.join(path, entry[:-6])):
                 # an env killed before writing its ledger; one killed before its
                 # first complete segment left nothing to read, and is absent
@@ -627,19 +671,128 @@ def _named(names: list[str]) -> str:
     return ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
 
 
+def _live_map(path: str) -> MappedStreams | None:
+    """The mapped part at ``path`` of the recording that began last and has events, else None."""
+    found = [m for m in (read_map(p) for p in maps_of(path)) if m is not None]
+    found = [m for m in found if m.n_events() or m.damaged]
+    if not found:
+        return None
+    return max(found, key=lambda m: (m.meta.get(S.META_STARTED) or 0, m.writer or ""))
+
+
+def _with_map(path: str, files: list[Any], live: MappedStreams | None) -> tuple[list[Any], dict[str, Any]]:
+    """``files`` (a final file or segments of one recording), with the mapped part of that recording
+    after them: the events its rings hold that the files do not. Also what the reader notes of it
+    (META_MAPPED, META_REBOOTED): read from the ledger's meta by compare and show, never in a file."""
+    notes: dict[str, Any] = {}
+    if live is None:
+        return files, notes
+    writer = files[-1].meta.get(S.META_WRITER) if files else None
+    if files and live.writer != writer:
+        began = files[-1].meta.get(S.META_STARTED) or 0
+        if (live.meta.get(S.META_STARTED) or 0) <= began or not live.n_events():
+            return files, notes  # an earlier recording's, left behind
+        files = []  # a later recording that had not spilled yet: it is this path's ledger now
+    if live.rebooted:
+        notes[S.META_REBOOTED] = live.n_events()
+        if not files:
+            raise LedgerError("%s: %s" % (path, wording.rebooted_nothing()))
+        return files, notes
+    held: dict[int, int] = {}
+    for lf in files:
+        for k, sid in enumerate(lf.stream_ids):
+            held[sid] = held.get(sid, 0) + int(lf.offsets[k + 1] - lf.offsets[k])
+    tails: dict[int, Columns] = {}
+    for sid, (base, cols) in live.streams.items():
+        have = held.get(sid, 0)
+        n = len(cols["kind"])
+        if have < base:
+            if n:
+                notes[S.META_MAP_GAP] = notes.get(S.META_MAP_GAP, 0) + 1  # a segment it needs is missing
+            # (empty: let go of, or overflowed, its events going on in memory only: it adds nothing)
+            continue
+        if have < base + n or (sid not in held and not files):
+            tails[sid] = {name: arr[have - base:] for name, arr in cols.items()}
+    died = {}
+    for sid, (event, message, digest) in live.died.items():
+        total = held.get(sid, 0) + (len(tails[sid]["kind"]) if sid in tails else 0)
+        if total == event:  # every event before the step under way is read
+            died[str(sid)] = {"event": event, "action": _action_text(message, digest)}
+    if died:
+        notes[S.META_DIED] = died
+    if tails:
+        part = _MapPart(live, tails)
+        notes[S.META_MAPPED] = int(part.offsets[-1])
+        files = files + [part]
+    return files, notes
+
+
+def _action_text(message: bytes | None, digest: int) -> str | None:
+    """An action noted in a mapped part (its digest message: FORMAT.md section 2), as a report prints it."""
+    if message is None:
+        return None
+    try:
+        leaves = decode_leaves(message)
+    except ValueError:
+        return None
+    return wording.values_text(leaves, [""] if len(leaves) == 1 else ["%d" % k for k in range(len(leaves))])
+
+
+def _died_at(meta: Meta, streams: dict[int, Stream]) -> None:
+    """Episode and step of each step that never returned (META_DIED), from its stream's positions."""
+    for sid, entry in meta.get(S.META_DIED, {}).items():
+        stream = streams.get(int(sid))
+        if stream is None or not len(stream):
+            entry["episode"], entry["step"] = 0, 0  # in its first reset
+            continue
+        episode, since, seen = -1, 0, 0  # resets so far, and the events since the last one
+        for chunk in stream.chunks(("kind",)):
+            resets = np.flatnonzero(np.asarray(chunk["kind"]) == S.KIND_RESET)
+            n = len(chunk["kind"])
+            if resets.size:
+                episode += int(resets.size)
+                since = n - 1 - int(resets[-1])
+            else:
+                since += n
+            seen += n
+        entry["episode"], entry["step"] = max(episode, 0), since + 1
+
+
 def _read_file(path: str) -> Ledger:
-    files, partial = _read_one(path)
-    meta = dict(files[-1].meta)  # the newest file says how far the recording got and which run it is
+    live = _live_map(path)
+    try:
+        files, partial = _read_one(path)
+    except LedgerError:
+        if live is None or os.path.exists(path) or _segments(path):
+            raise
+        files, partial = [], True
+    files, notes = _with_map(path, files, live)
+    if not files:
+        raise LedgerError("%s: no such file" % path)
+    partial = partial or S.META_MAPPED in notes
+    # the newest file says how far the recording got and which run it is (the mapped part: what it knew at
+    # its last change; the files of its recording know more, of the same settings)
+    on_disk = [lf for lf in files if isinstance(lf, LedgerFile)]
+    meta = dict(on_disk[-1].meta if on_disk else files[-1].meta)
     meta.pop(S.META_SEGMENT, None)
     meta.pop(S.META_THROUGH, None)
+    if S.META_MAPPED in notes:
+        meta[S.META_STATE] = S.STATE_OPEN  # it went on after its last file
+        part_meta = files[-1].meta  # its mapped part's, written again whenever its fragments change
+        if S.META_FRAGMENTS in part_meta:
+            meta[S.META_FRAGMENTS] = part_meta[S.META_FRAGMENTS]  # those of the events it recorded since
+    meta.update(notes)
     pieces: dict[int, list[_Piece]] = {}
     for lf in files:
-        if _meta_key(lf.meta) != _meta_key(files[0].meta):
+        if isinstance(lf, _MapPart):
+            pass  # the same recording as the files (its writer): its meta may lag behind theirs
+        elif _meta_key(lf.meta) != _meta_key(on_disk[0].meta):
             raise LedgerError("%s: its spilled segments disagree on their settings" % lf.path)
         for k, s in enumerate(lf.stream_ids):
             pieces.setdefault(s, []).append(_Piece(lf, int(lf.offsets[k]), int(lf.offsets[k + 1])))
     streams = {s: Stream(s, ps, meta) for s, ps in sorted(pieces.items())}
-    return Ledger(path, meta, streams, partial, files)
+    _died_at(meta, streams)
+    return Ledger(path, meta, streams, partial, on_disk)
 
 
 def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
