@@ -1334,6 +1334,91 @@ cdef class VectorRecorder:
                 return None
         return self._step_same(obs, rewards, _NO_FINALS)
 
+    # Sub-batches by env id (EnvPool's async mode: each recv hands back another subset of the envs).
+    cdef cnp.ndarray _ids(self, object ids):
+        """``ids`` as a C-ordered int64 array of env ids, each one of the n envs."""
+        cdef cnp.ndarray a = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef Py_ssize_t j
+        for j in range(cnp.PyArray_SIZE(a)):
+            if p[j] < 0 or p[j] >= self.n:
+                raise IndexError("env ids %r: each must be one of the %d envs" % (a.tolist(), self.n))
+        return a
+
+    cdef cnp.ndarray _sub_flags(self, object arr, Py_ssize_t k, str what):
+        cdef cnp.ndarray a = np.ascontiguousarray(arr, dtype=np.bool_).reshape(-1)
+        if cnp.PyArray_SIZE(a) != k:
+            raise ValueError("expected %d values of %s, got %d" % (k, what, cnp.PyArray_SIZE(a)))
+        return a
+
+    def actions_ids(self, actions, ids):
+        """Digest the actions sent to the envs ``ids`` (a batch of len(ids) rows, row j for env ids[j])."""
+        cdef cnp.ndarray a = self._ids(ids)
+        cdef Py_ssize_t j, k = cnp.PyArray_SIZE(a)
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        self._rows(self.act, actions, out, NULL)
+        for j in range(k):
+            ha[p[j]] = o[j]
+
+    def reset_ids(self, obs, ids):
+        """Record a reset of the envs ``ids`` (row j of ``obs`` for env ids[j])."""
+        cdef cnp.ndarray a = self._ids(ids)
+        cdef Py_ssize_t i, j, k = cnp.PyArray_SIZE(a)
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
+        cdef uint64_t zero = _bits(0.0, self.is_f32)
+        self._rows(self.obs, obs, out, NULL)
+        self._new_call()
+        for j in range(k):
+            i = p[j]
+            ho[i] = o[j]
+            self._push(i, KIND_RESET, o[j], NO_DIGEST, zero, False, False)
+            pend[i] = 0
+        return _due()
+
+    def step_next_ids(self, obs, rewards, terminated, truncated, ids):
+        """``step_next`` of a sub-batch: row j of each argument is env ids[j]'s."""
+        cdef cnp.ndarray a = self._ids(ids)
+        cdef Py_ssize_t i, j, k = cnp.PyArray_SIZE(a)
+        cdef cnp.ndarray fte = self._sub_flags(terminated, k, "terminated")
+        cdef cnp.ndarray ftr = self._sub_flags(truncated, k, "truncated")
+        cdef cnp.ndarray rew = np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
+        if cnp.PyArray_SIZE(rew) != k:
+            raise ValueError("expected %d rewards, got %d" % (k, cnp.PyArray_SIZE(rew)))
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef const uint8_t *te = <const uint8_t *>cnp.PyArray_DATA(fte)
+        cdef const uint8_t *tr = <const uint8_t *>cnp.PyArray_DATA(ftr)
+        cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
+        cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
+        cdef bint is_f32 = self.is_f32
+        cdef uint64_t bits
+        cdef bint t, r
+        self._rows(self.obs, obs, out, NULL)
+        self._new_call()
+        for j in range(k):
+            i = p[j]
+            ho[i] = o[j]
+            bits = _bits(pr[j], is_f32)
+            t, r = te[j] != 0, tr[j] != 0
+            if pend[i]:
+                ha[i] = NO_DIGEST
+                self._push(i, KIND_RESET, o[j], NO_DIGEST, bits, t, r)
+                pend[i] = 0
+            else:
+                self._push(i, KIND_STEP, o[j], ha[i], bits, t, r)
+                pend[i] = t or r
+        return _due()
+
     def env_reset(self, Py_ssize_t i, obs):
         """Record a reset of env i that returned ``obs``."""
         cdef uint64_t h

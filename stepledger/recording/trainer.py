@@ -160,6 +160,8 @@ class TrainerLedger:
             (``"{i}"``: the env); an adapter passes its library's (``"infos[{i}]['terminal_observation']"``).
     """
 
+    _SIDE = "trainer"  # the side its ledger is of (EnvLedger, the env side's engine, records with this engine too)
+
     def __init__(self, path: str | os.PathLike[str] | None, num_envs: int,
                  observation_space: gym.spaces.Space[Any], action_space: gym.spaces.Space[Any], *,
                  autoreset_mode: Any = None, reward_dtype: Any = np.float32, keep_values: bool = False,
@@ -186,7 +188,7 @@ class TrainerLedger:
             buffers = [core.StreamBuffer(16) for _ in range(n)]
         else:
             meta = {} if self.autoreset_mode is None else {S.META_AUTORESET: self.autoreset_mode}
-            self.recording = Recording(path, "trainer", range(n) if streams is None else streams, obs_layout,
+            self.recording = Recording(path, self._SIDE, self._file_streams(n, streams), obs_layout,
                                        act_layout, dtype, keep_values, meta, interval, owner)
             buffers = self.recording.buffers
         self._rec = rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32, streams)
@@ -217,6 +219,10 @@ class TrainerLedger:
             if not live and self.recording is not None:
                 self.step_results = {NEXT_STEP: rec.step_next_results,
                                      SAME_STEP: rec.step_same_results}.get(self.autoreset_mode)
+
+    def _file_streams(self, n, streams):
+        """The env index each stream has in the file: 0 .. n-1, or the streams given."""
+        return range(n) if streams is None else streams
 
     def note_wrappers(self, found):
         """Keep the wrappers found between the two ledgers (``stack.check_placement``) in the ledger's meta,

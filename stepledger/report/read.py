@@ -26,8 +26,9 @@ from stepledger.format.spaces import digest_signature
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-_ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
-_DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
+# env-N.npz, and env-N-M.npz: the env side of a batch, envs N .. M in one file (S.BATCH_FILE_NAME)
+_ENV_FILE = re.compile(r"^env-(\d+)(?:-\d+)?\.npz$")
+_DUP_FILE = re.compile(r"^env-(\d+)(?:-\d+)?" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
 
 #: a ledger's meta, as its file holds it (JSON: the keys are format/schema.py's META_*)
