@@ -68,13 +68,22 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
         self.autoreset_mode = mode
         self._same = mode == SAME_STEP
         self._step_results = self.ledger.step_results
+        self._pool = _is_envpool(env)
+        self._all = np.arange(env.num_envs, dtype=np.int64)
+        self._last_ids: Any = self._all  # EnvPool: the env ids of the last recv, which send() defaults to
 
     def stepledger_link_batch(self, run: str | None) -> None:
         """The trainer side's run, told by ``LedgerVectorEnv`` when it is built around this wrapper."""
         self.ledger.link(run)
 
-    def reset(self, *, seed: int | list[int | None] | None = None,
+    def reset(self, env_id: Any = None, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset every env (Gymnasium's ``reset(seed=, options=)``, with ``reset_mask``), or EnvPool's
+        ``reset(env_id)``: those envs, their rows in the order of ``info["env_id"]``."""
+        if self._pool:
+            obs, info = self._call(self.env.reset, *(() if env_id is None else (env_id,)))
+            self.ledger.reset_at(_env_ids(info, env_id, self.num_envs), obs)
+            return obs, info
         mask = None
         if options and options.get("reset_mask") is not None:
             mask = np.array(options["reset_mask"], dtype=np.bool_)  # copied: the vector env pops it
@@ -82,7 +91,9 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
         self.ledger.reset(obs, mask)
         return obs, info
 
-    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    def step(self, actions: Any, env_id: Any = None) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        if self._pool:
+            return self._pool_step(actions, env_id)
         self.ledger.actions(actions)
         try:
             results = self.env.step(actions)
@@ -105,6 +116,50 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
             self.ledger.step(obs, rewards, terminated, truncated)
         return results
 
+    # EnvPool (a Gymnasium VectorEnv whose rows carry info["env_id"]): every call's rows are a sub-batch by
+    # env id, recorded with the core's *_ids calls, one call a batch; async_reset marks every env's next
+    # row as its reset (the core's pending flag: the row recv returns first is a reset, as an autoreset's is).
+    def _pool_step(self, actions, env_id):
+        ledger = self.ledger
+        ids = self._all if env_id is None else env_id
+        ledger.actions_at(ids, actions)
+        try:
+            results = self.env.step(actions, *(() if env_id is None else (env_id,)))
+        except BaseException:
+            ledger.interrupted()
+            raise
+        obs, rewards, terminated, truncated, info = results
+        ledger.step_at(info["env_id"], obs, rewards, terminated, truncated)
+        return results
+
+    def async_reset(self) -> None:
+        """EnvPool's ``async_reset``: every env resets; ``recv`` returns their reset observations."""
+        self._call(self.env.async_reset)
+        self.ledger.reset_next()  # each env's next row is its reset
+
+    def send(self, actions: Any, env_id: Any = None) -> None:
+        """EnvPool's ``send``: the actions are noted (for ``env_id``, or the envs of the last ``recv``), then
+        sent."""
+        ids = self._last_ids if env_id is None else env_id
+        self.ledger.actions_at(ids, actions)
+        try:
+            self.env.send(actions, *(() if env_id is None else (env_id,)))
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+
+    def recv(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """EnvPool's ``recv``: the rows of the envs that are ready (``info["env_id"]``), recorded."""
+        try:
+            results = self.env.recv()
+        except BaseException:
+            self.ledger.interrupted()
+            raise
+        obs, rewards, terminated, truncated, info = results
+        self._last_ids = ids = info["env_id"]
+        self.ledger.step_at(ids, obs, rewards, terminated, truncated)
+        return results
+
     # ledger_path, flush() and close(**kwargs) (the ledger, then the vector env): TrainerAdapter's
 
 
@@ -123,3 +178,16 @@ def link_batch(env: Any, run: str | None) -> bool:
             return True
         e, seen = e.env, seen + 1
     return False
+
+
+def _is_envpool(env: Any) -> bool:
+    """An EnvPool pool (its classes come from the envpool package): rows by info["env_id"], send/recv."""
+    return any(c.__module__.split(".")[0] == "envpool" for c in type(env).__mro__)
+
+
+def _env_ids(info: Any, env_id: Any, n: int) -> Any:
+    """The env ids of a call's rows: ``info["env_id"]``, else those asked for, else all n."""
+    ids = info.get("env_id") if isinstance(info, dict) else None
+    if ids is not None:
+        return ids
+    return np.arange(n) if env_id is None else env_id

@@ -28,7 +28,7 @@ import numpy as np
 from stepledger.format import schema as S
 from stepledger.format import storage
 from stepledger.recording.checks import check_directory, check_path
-from stepledger.recording.trainer import NEXT_STEP, TrainerLedger
+from stepledger.recording.trainer import TrainerLedger
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -117,30 +117,3 @@ class EnvLedger(TrainerLedger):
         end is recorded as a termination, under the engine's autoreset mode (same-step: ``final_obs[i]``,
         the final observation where the caller has it)."""
         self.step(obs, rewards, dones, self._no_truncation, final_obs)
-
-    # ------------------------------------------------------------------ sub-batches by env id
-
-    def _sub(self, what):
-        if self.keep_values:
-            raise ValueError("%s.%s: sub-batches are recorded without kept values (keep_values=False)"
-                             % (self.owner, what))
-        if self.autoreset_mode != NEXT_STEP:
-            raise ValueError("%s.%s: sub-batches by env id follow next-step autoreset (EnvPool's); this ledger "
-                             "was built with autoreset_mode=%r" % (self.owner, what, self.autoreset_mode))
-
-    def actions_at(self, env_ids: Any, actions: Any) -> None:
-        """Note the actions about to be sent to the envs ``env_ids`` (row j to env ``env_ids[j]``, an index
-        within the batch, from 0)."""
-        self._sub("actions_at")
-        self._rec.actions_ids(actions, env_ids)
-
-    def step_at(self, env_ids: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
-        """Record the step results of the envs ``env_ids`` (row j is env ``env_ids[j]``'s), next-step
-        autoreset: an env whose episode ended at its previous step is reset by this one."""
-        self._sub("step_at")
-        self._after(self._rec.step_next_ids(obs, rewards, terminated, truncated, env_ids))
-
-    def reset_at(self, env_ids: Any, obs: Any) -> None:
-        """Record a reset of the envs ``env_ids`` (row j of ``obs`` is env ``env_ids[j]``'s)."""
-        self._sub("reset_at")
-        self._after(self._rec.reset_ids(obs, env_ids))

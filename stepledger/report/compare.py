@@ -63,6 +63,8 @@ class EnvDifference:
         self.agents: list[str] | None = None
         # (the env's end flag, steps the trainer got after it): an end the trainer missed
         self.untold: tuple[str, int] | None = None
+        # the env's next-step reset, recorded by the trainer as a step: a reset step trained on as a transition
+        self.reset_trained = False
 
     def line(self) -> str:
         """The report's line for this env."""
@@ -79,6 +81,8 @@ class EnvDifference:
                                        self.trainer_values, self.detail, self.agents)
         if self.untold is not None:
             line += "; " + wording.untold_end(self.env, self.agents, *self.untold)
+        if self.reset_trained:
+            line += "; " + wording.reset_step_trained(self.agents)
         return line
 
     def _json_values(self, values: dict[str, Any], side: int) -> dict[str, Any]:
@@ -124,6 +128,8 @@ class EnvDifference:
             d["trainer_file"] = self.trainer_file
         if self.untold is not None:
             d["untold_end"], d["steps_never_taken"] = self.untold
+        if self.reset_trained:
+            d["reset_step_trained"] = True
         if self.agents:
             d["env_copy"] = self.env // len(self.agents)
             d["agent"] = self.agents[self.env % len(self.agents)]
@@ -440,7 +446,11 @@ def _difference_at(env_id: int, env_stream: Stream, tr_stream: Stream, index: in
     theirs = {f: row_b[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
     if ours["kind"] != theirs["kind"]:
         env_kind, tr_kind = wording.event_values(("kind",), ours, theirs, meta[S.META_REWARD_DTYPE])
-        return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_kind, tr_kind)
+        d = EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_kind, tr_kind)
+        # a next-step reset (the same observation) that the trainer took for a step: trained on as a transition
+        d.reset_trained = bool(ours["kind"] == S.KIND_RESET and theirs["kind"] == S.KIND_STEP
+                               and ours["obs"] == theirs["obs"])
+        return d
     fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
     env_values: dict[str, Any] = {}
     tr_values: dict[str, Any] = {}
