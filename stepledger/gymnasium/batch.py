@@ -20,6 +20,7 @@ import numpy as np
 from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.envbatch import EnvLedger
 from stepledger.recording.hooks import attend
+from stepledger.recording.placement import find_in_chain
 from stepledger.recording.trainer import SAME_STEP
 
 __all__ = ["LedgerBatchEnv", "link_batch"]
@@ -169,15 +170,13 @@ def _final_obs_at(info, i):
 
 
 def link_batch(env: Any, run: str | None) -> bool:
-    """Tell a ``LedgerBatchEnv`` in ``env``'s chain of vector wrappers the trainer side's run; True if one was
-    found."""
-    e, seen = env, 0
-    while isinstance(e, gym.vector.VectorWrapper) and seen < 64:
-        if isinstance(e, LedgerBatchEnv):
-            e.stepledger_link_batch(run)
-            return True
-        e, seen = e.env, seen + 1
-    return False
+    """Tell a ``LedgerBatchEnv`` in ``env``'s chain (Gymnasium's ``.env``, SB3's ``.venv``) the trainer side's
+    run; True if one was found."""
+    batch = find_in_chain(env, LedgerBatchEnv)
+    if batch is None:
+        return False
+    batch.stepledger_link_batch(run)
+    return True
 
 
 def _is_envpool(env: Any) -> bool:
