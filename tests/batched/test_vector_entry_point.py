@@ -111,6 +111,18 @@ def test_the_batch_is_not_named_as_a_wrapper_between_the_ledgers(tmp_path):
 
 # ---------------------------------------------------------------- faults between the two sides
 
+class _ToNumpy(gym.vector.VectorWrapper):
+    """A framework's conversion of a JAX vector env's batches to NumPy (a device copy, on the CPU)."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return np.asarray(obs), info
+
+    def step(self, actions):
+        obs, rew, te, tr, info = self.env.step(actions)
+        return np.array(obs), np.array(rew), np.array(te), np.array(tr), info
+
+
 @pytest.mark.parametrize("fault", TRAINER_SIDE_FAULTS)
 def test_fault_kit_between_the_sides_is_located(tmp_path, fault):
     d = str(tmp_path)
@@ -118,7 +130,10 @@ def test_fault_kit_between_the_sides_is_located(tmp_path, fault):
     # CartPole's action is Discrete and its reward 1.0: float16 and a clip of half the range change nothing there
     box_action = fault in ("action:f16", "action:clip", "reward:f16")
     inner = _make("phys2d/Pendulum-v0" if box_action else "CartPole-v1", 4, max_episode_steps=12)
-    envs = LedgerVectorEnv(FaultyVectorEnv(LedgerBatchEnv(inner, d), fault, at=10, target=2, record=record),
+    batch = LedgerBatchEnv(inner, d)
+    if box_action:  # the JAX env's arrays go to NumPy on the way (the fault kit edits rows in place)
+        batch = _ToNumpy(batch)
+    envs = LedgerVectorEnv(FaultyVectorEnv(batch, fault, at=10, target=2, record=record),
                            os.path.join(d, "trainer.npz"), check_wrappers=False)
     _run(envs, 150)
     from stepledger.faults.engine import read_record
