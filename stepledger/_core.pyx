@@ -947,6 +947,22 @@ cdef inline const uint8_t *_bool_data(object arr, list keep) except NULL:
     return <const uint8_t *>cnp.PyArray_DATA(a)
 
 
+_TABLE_MAX = 4096  # a Discrete action space of at most this many values is digested by a table
+
+
+cdef object _discrete_table(_Digester d, object layout):
+    """The digest of each value of a Discrete space of at most _TABLE_MAX values (value start + k at k), as a
+    uint64 array; None for any other space."""
+    space = layout.space
+    if not layout.discrete or not 0 < int(space.n) <= _TABLE_MAX:
+        return None
+    start = int(getattr(space, "start", 0))
+    try:
+        return np.array([d.digest(np.int64(start + k)) for k in range(int(space.n))], dtype=np.uint64)
+    except OverflowError:  # values past int64: digested as invalid, on the general path
+        return None
+
+
 cdef class VectorRecorder:
     """Records the events of a vector env's envs, one call per vector step.
 
@@ -980,6 +996,10 @@ cdef class VectorRecorder:
     cdef readonly cnp.ndarray stream_ids
     # the observation and action batches of one-leaf spaces, kept laid out for their digests
     cdef _Laid obs_laid, act_laid
+    # a Discrete action space of at most _TABLE_MAX values: the digest of each (its message is fixed by the
+    # value), so that a batch of actions is digested by looking its values up; None for other spaces
+    cdef cnp.ndarray act_table
+    cdef int64_t act_start
 
     def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32, stream_ids=None):
         self.buffers = buffers
@@ -1006,6 +1026,8 @@ cdef class VectorRecorder:
         self.token_seen = np.zeros(self.n, dtype=np.bool_)
         self.token_episode = np.full(self.n, -1, dtype=np.int64)
         self.token_step = np.zeros(self.n, dtype=np.int64)
+        self.act_table = _discrete_table(self.act, act_layout)
+        self.act_start = int(getattr(act_layout.space, "start", 0)) if self.act_table is not None else 0
 
     def __dealloc__(self):
         free(self.obs_laid.buf)
@@ -1215,7 +1237,34 @@ cdef class VectorRecorder:
 
     def actions(self, actions):
         """Digest the actions sent to the envs, before they are handed over (Gymnasium's batch layout)."""
+        if self.act_table is not None and self._by_table(actions, self.last_act):
+            return
         self._rows(self.act, actions, self.last_act, &self.act_laid)
+
+    cdef bint _by_table(self, object batch, cnp.ndarray out) except -1:
+        """Digest a batch of Discrete actions (an int64 array of one value per row of ``out``) by looking each
+        value up in ``act_table``; a value outside the space is digested on its own. False (nothing done) for
+        any other batch."""
+        cdef cnp.ndarray a
+        cdef Py_ssize_t i, m = cnp.PyArray_DIMS(out)[0]
+        cdef const int64_t *p
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef const uint64_t *table = <const uint64_t *>cnp.PyArray_DATA(self.act_table)
+        cdef int64_t v, start = self.act_start, size = cnp.PyArray_DIMS(self.act_table)[0]
+        if not cnp.PyArray_CheckExact(batch):
+            return False
+        a = <cnp.ndarray>batch
+        if cnp.PyArray_TYPE(a) != cnp.NPY_INT64 or not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_NDIM(a) != 1 \
+                or cnp.PyArray_DIMS(a)[0] != m or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+            return False
+        p = <const int64_t *>cnp.PyArray_DATA(a)
+        for i in range(m):
+            v = p[i] - start
+            if 0 <= v < size:
+                o[i] = table[v]
+            else:
+                o[i] = self.act.digest(a[i])
+        return True
 
     @cython.boundscheck(True)  # actions[i] indexes the caller's object: it may be too short
     @cython.wraparound(True)
@@ -1359,7 +1408,8 @@ cdef class VectorRecorder:
         cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
         cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
-        self._rows(self.act, actions, out, NULL)
+        if self.act_table is None or not self._by_table(actions, out):
+            self._rows(self.act, actions, out, NULL)
         for j in range(k):
             ha[p[j]] = o[j]
 

@@ -95,3 +95,24 @@ def test_rows_and_ids_of_other_lengths_are_refused(core):
     rec, _ = _recorder(core, 3)
     with pytest.raises(ValueError, match="expected 2 rewards"):
         rec.step_next_ids(np.zeros((2, 3), np.float32), [0.0], [False, False], [False, False], [0, 1])
+
+
+# ---------------------------------------------------------------- Discrete actions by a table (compiled core)
+
+@pytest.mark.parametrize("space", [gs.Discrete(2), gs.Discrete(7, start=-3), gs.Discrete(4096), gs.Discrete(5000)],
+                         ids=["2", "start-3", "4096", "5000"])
+def test_discrete_actions_digest_as_in_the_reference(space):
+    rng = np.random.default_rng(5)
+    lo, hi = int(space.start) - 2, int(space.start + space.n) + 2  # values outside the space too
+    for batch in (rng.integers(lo, hi, 64), rng.integers(lo, hi, 64)[::2], rng.integers(lo, hi, 9).astype(np.int32),
+                  rng.integers(lo, hi, 9).astype(">i8"), list(rng.integers(lo, hi, 9).tolist())):
+        m = len(batch)
+        got = []
+        for core in (C, F):
+            rec = core.VectorRecorder([core.StreamBuffer() for _ in range(m)], LeafLayout(OBS), LeafLayout(space), True)
+            rec.actions(batch)
+            got.append(np.asarray(rec.last_act).tolist())
+            rec.actions_ids(batch, np.arange(m)[::-1])
+            got.append(np.asarray(rec.last_act).tolist())
+        assert got[0] == got[2] and got[1] == got[3]
+        assert got[0] == [F.digest_leaves([np.asarray(v, dtype=np.int64)]) for v in batch]
