@@ -914,6 +914,11 @@ cdef int _laid_build(_Laid *L, cnp.ndarray a, Py_ssize_t n) except -1:
     return 0
 
 
+cdef inline bint _strided_2d(cnp.ndarray a) noexcept:
+    """A 2-D batch (rows of one dimension) whose elements are aligned, of any strides."""
+    return cnp.PyArray_NDIM(a) == 2 and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_DIMS(a)[1] > 0
+
+
 cdef void _laid_digest(_Laid *L, const uint8_t *data, Py_ssize_t n, uint64_t *out) noexcept nogil:
     """Digest the n rows at ``data`` (laid out by _laid_build): the same digests as _digest_rows."""
     cdef Py_ssize_t i = 0, k
@@ -921,6 +926,39 @@ cdef void _laid_digest(_Laid *L, const uint8_t *data, Py_ssize_t n, uint64_t *ou
     cdef uint8_t *rows = L.buf + L.hlen
     for k in range(n):
         _copy_row(rows + k * stride, data + k * rowbytes, rowbytes)
+    if _HAVE_AVX512:
+        while i + 8 <= n:
+            sl_blake2b64_x8(L.buf + i * stride, stride, L.msg_len, out + i)
+            i += 8
+    if _HAVE_AVX2:
+        while i + 4 <= n:
+            sl_blake2b64_x4_laid(L.buf + i * stride, stride, L.msg_len, out + i)
+            i += 4
+    while i < n:
+        out[i] = _hash_bytes(L.buf + i * stride, L.msg_len)
+        i += 1
+
+
+cdef void _laid_digest_2d(_Laid *L, const uint8_t *data, Py_ssize_t n, Py_ssize_t m, Py_ssize_t s0,
+                          Py_ssize_t s1, size_t itemsize, uint64_t *out) noexcept nogil:
+    """Digest the n rows of a 2-D batch of any strides (row k, element j at data + k * s0 + j * s1: a
+    transposed, Fortran-ordered batch, as CartPoleVectorEnv's observations are), gathered into the layout
+    of _laid_build, with no copy of the batch first: the same digests as _laid_digest."""
+    cdef Py_ssize_t i = 0, j, k
+    cdef size_t stride = L.stride
+    cdef uint8_t *rows = L.buf + L.hlen
+    cdef uint8_t *dst
+    cdef const uint8_t *src
+    if itemsize == 4:
+        for k in range(n):
+            dst, src = rows + k * stride, data + k * s0
+            for j in range(m):
+                memcpy(dst + 4 * j, src + j * s1, 4)
+    else:
+        for k in range(n):
+            dst, src = rows + k * stride, data + k * s0
+            for j in range(m):
+                memcpy(dst + itemsize * j, src + j * s1, itemsize)
     if _HAVE_AVX512:
         while i + 8 <= n:
             sl_blake2b64_x8(L.buf + i * stride, stride, L.msg_len, out + i)
@@ -1152,6 +1190,7 @@ cdef class VectorRecorder:
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(out)[0]
         cdef Py_ssize_t i
+        cdef cnp.ndarray a2
         if self._batch_fits(d, batch, n):
             # no cast needed: skips the Python layout code
             if laid != NULL and laid.state >= 0 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>batch) and n > 0:
@@ -1159,6 +1198,16 @@ cdef class VectorRecorder:
                     _laid_build(laid, <cnp.ndarray>batch, n)
                 if laid.state == 1:
                     _laid_digest(laid, <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>batch), n, o)
+                    return 0
+            elif laid != NULL and laid.state >= 0 and n > 0 and _strided_2d(<cnp.ndarray>batch):
+                # rows of one dimension, strided (a transposed batch): gathered row by row, not copied first
+                if laid.state == 0:
+                    _laid_build(laid, <cnp.ndarray>batch, n)
+                if laid.state == 1:
+                    a2 = <cnp.ndarray>batch
+                    _laid_digest_2d(laid, <const uint8_t *>cnp.PyArray_DATA(a2), n, cnp.PyArray_DIMS(a2)[1],
+                                    cnp.PyArray_STRIDES(a2)[0], cnp.PyArray_STRIDES(a2)[1],
+                                    <size_t>cnp.PyArray_ITEMSIZE(a2), o)
                     return 0
             _digest_rows([batch], o, n)
             return 0

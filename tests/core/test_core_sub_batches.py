@@ -116,3 +116,25 @@ def test_discrete_actions_digest_as_in_the_reference(space):
             got.append(np.asarray(rec.last_act).tolist())
         assert got[0] == got[2] and got[1] == got[3]
         assert got[0] == [F.digest_leaves([np.asarray(v, dtype=np.int64)]) for v in batch]
+
+
+# ---------------------------------------------------------------- strided batches (CartPoleVectorEnv's: transposed)
+
+@pytest.mark.parametrize("make", [lambda x: np.asfortranarray(x), lambda x: x[::-1], lambda x: x[:, ::-1],
+                                  lambda x: np.asfortranarray(x)[::2]],
+                         ids=["fortran", "rows-reversed", "columns-reversed", "fortran-every-other"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_strided_observation_batches_digest_as_in_the_reference(make, dtype):
+    rng = np.random.default_rng(6)
+    space = gs.Box(-1, 1, (5,), dtype) if dtype != np.int8 else gs.Box(-100, 100, (5,), dtype)
+    base = (rng.random((24, 5)) * 100).astype(dtype)
+    batch = make(base)
+    m = batch.shape[0]
+    got = []
+    for core in (C, F):
+        rec = core.VectorRecorder([core.StreamBuffer() for _ in range(m)], LeafLayout(space), LeafLayout(ACT), True)
+        for _ in range(2):  # the second call digests into the layout the first built
+            rec.reset(batch)
+        got.append([b.columns()["h_obs"].tolist() for b in rec.buffers])
+    assert got[0] == got[1]
+    assert [g[0] for g in got[0]] == [F.digest_leaves([np.ascontiguousarray(r)]) for r in batch]
