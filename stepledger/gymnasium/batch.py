@@ -62,7 +62,7 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
         super().__init__(env)
         mode = resolve_autoreset_mode(env, autoreset_mode, "LedgerBatchEnv")
         self._wrapped = env
-        self.ledger = EnvLedger(directory, env.num_envs, env.single_observation_space, env.single_action_space,
+        self.ledger: EnvLedger = EnvLedger(directory, env.num_envs, env.single_observation_space, env.single_action_space,
                                 autoreset_mode=mode, first=first, reward_dtype=reward_dtype,
                                 keep_values=keep_values, flush_interval=flush_interval, owner="LedgerBatchEnv")
         self.live = False
@@ -133,9 +133,16 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
         ledger.step_at(info["env_id"], obs, rewards, terminated, truncated)
         return results
 
+    def _pool_call(self, name: str) -> Any:
+        fn = getattr(self.env, name, None)
+        if fn is None:
+            raise AttributeError("LedgerBatchEnv: the vector env it wraps (%s) has no %s(): %s is EnvPool's"
+                                 % (type(self.env).__name__, name, name))
+        return fn
+
     def async_reset(self) -> None:
         """EnvPool's ``async_reset``: every env resets; ``recv`` returns their reset observations."""
-        self._call(self.env.async_reset)
+        self._call(self._pool_call("async_reset"))
         self.ledger.reset_next()  # each env's next row is its reset
 
     def send(self, actions: Any, env_id: Any = None) -> None:
@@ -144,7 +151,7 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
         ids = self._last_ids if env_id is None else env_id
         self.ledger.actions_at(ids, actions)
         try:
-            self.env.send(actions, *(() if env_id is None else (env_id,)))
+            self._pool_call("send")(actions, *(() if env_id is None else (env_id,)))
         except BaseException:
             self.ledger.interrupted()
             raise
@@ -152,7 +159,7 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
     def recv(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """EnvPool's ``recv``: the rows of the envs that are ready (``info["env_id"]``), recorded."""
         try:
-            results = self.env.recv()
+            results = self._pool_call("recv")()
         except BaseException:
             self.ledger.interrupted()
             raise
