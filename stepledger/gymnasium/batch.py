@@ -82,7 +82,8 @@ class LedgerBatchEnv(TrainerAdapter, gym.vector.VectorWrapper):
         """Reset every env (Gymnasium's ``reset(seed=, options=)``, with ``reset_mask``), or EnvPool's
         ``reset(env_id)``: those envs, their rows in the order of ``info["env_id"]``."""
         if self._pool:
-            obs, info = self._call(self.env.reset, *(() if env_id is None else (env_id,)))
+            given = {k: v for k, v in (("seed", seed), ("options", options)) if v is not None}  # EnvPool's to refuse
+            obs, info = self._call(self.env.reset, *(() if env_id is None else (env_id,)), **given)
             self.ledger.reset_at(_env_ids(info, env_id, self.num_envs), obs)
             return obs, info
         mask = None

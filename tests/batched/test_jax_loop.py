@@ -116,7 +116,13 @@ print("ok" if r.ok else "\n".join(r.lines()))
 def gymnax_python():
     return cached_venv(GYMNAX_VENV, "stepledger-gymnax-ready", "gymnax and jax[cpu]",
                        [["gymnax==1.0.1", "jax[cpu]==0.10.2", "numpy"]],
-                       lambda python: imported_version(python, "gymnax", "gymnax"), "1.0.1", install_timeout=900)
+                       _gymnax_version, "1.0.1", install_timeout=900)
+
+
+def _gymnax_version(python):
+    """gymnax's version as the venv's Python has it installed (gymnax has no __version__), or None."""
+    return imported_version(python, "gymnax, importlib.metadata as metadata; metadata.__version__ = "
+                            "metadata.version('gymnax')", "metadata")
 
 
 def test_gymnax_loop_from_the_docs_compares_clean(tmp_path, gymnax_python):
