@@ -24,7 +24,7 @@ from stepledger.report import parallel
 from stepledger.errors import LedgerError, SettingsError
 from stepledger.format.ledgerfile import CHUNK, positions
 from stepledger.report.read import (FIRST_EVENTS, Columns, Ledger, LedgerPath, MergedLedger, Meta, Overlap,
-                                    Stream, TrainerSpec, env_index_of, fragments_of, read, read_ledger,
+                                    Stream, TrainerSpec, env_indices_of, fragments_of, read, read_ledger,
                                     read_trainers)
 
 from stepledger.format.spaces import is_variable_description, leaf_names
@@ -950,9 +950,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         raise
     try:
         def accept(meta: Meta, name: str) -> str | None:
-            idx = env_index_of(name)
-            metas = [led.meta for n, led in tr_ledger.named if idx is None or idx not in tr_ledger.source
-                     or n in tr_ledger.holders[idx]]
+            # the trainer files holding the file's envs (a batch's env-N-M.npz holds several), or all of them
+            idxs = env_indices_of(name)
+            holders: set[str] | None = None
+            if idxs is not None and all(i in tr_ledger.source for i in idxs):
+                holders = {n for i in idxs for n in tr_ledger.holders[i]}
+            metas = [led.meta for n, led in tr_ledger.named if holders is None or n in holders]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
         runs = {led.meta.get(S.META_RUN) for _, led in tr_ledger.named} - {None}
@@ -979,7 +982,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         alone = None if _names_a_directory(env_dir) else sorted(env_ledger.streams)
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
-        notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
+        notes += [wording.not_read(name, why, bool(set(env_indices_of(name) or ()) & recorded))
+                  for name, why in unread]
         # trainer streams no env ledger holds: beside a second recording of one index, two of the trainer side's
         # envs were most likely given that index (the trainer side told neither its position)
         missing = recorded - set(env_ledger.streams)
@@ -1008,7 +1012,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         differences: list[EnvDifference] = []
         hint = False
         # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
-        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
+        other_runs = {i for name, _ in env_ledger.skipped + unread for i in env_indices_of(name) or ()}
         uncompared: set[int] = set()
         withheld: dict[int, int] = {}  # per env, the observations the library withheld from the trainer
         work = [EnvWork(e, env_ledger.streams.get(e), tr_ledger.streams.get(e), overlaps.get(e), e in other_runs)
