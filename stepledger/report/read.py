@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # env-N.npz, and env-N-M.npz: the env side of a batch, envs N .. M in one file (S.BATCH_FILE_NAME)
 _ENV_FILE = re.compile(r"^env-(\d+)(?:-(\d+))?\.npz$")
 # a second recording of env N (env-N.dup-*.npz) or a copy of its LedgerEnv (env-N.copy-*.npz, docs/INDICES.md),
-# and of a batch (env-N-M.dup-*.npz, env-N-M.copy-*.npz)
+# and a second recording of a batch (env-N-M.dup-*.npz)
 _DUP_FILE = re.compile(r"^env-(\d+)(?:-(\d+))?(?:%s|%s)[0-9a-f]+\.npz$"
                        % (re.escape(S.DUPLICATE_INFIX), re.escape(S.COPY_INFIX)))
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
