@@ -112,7 +112,7 @@ print("ok" if r.ok else "\n".join(r.lines()))
 '''
 
 
-# The gymnax venv costs about 280 s to build on CI's 2 cores (each run builds it afresh), more than tests/batched
+# The gymnax venv takes 140 to 280 s to build on 2 cores (a fresh CI machine builds it), more than tests/batched
 # may take: its test runs only with STEPLEDGER_LONG=1.
 LONG = os.environ.get("STEPLEDGER_LONG") == "1"
 
