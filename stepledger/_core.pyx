@@ -1131,6 +1131,11 @@ cdef int _laid_build(_Laid *L, cnp.ndarray a, Py_ssize_t n) except -1:
     return 0
 
 
+cdef inline bint _strided_2d(cnp.ndarray a) noexcept:
+    """A 2-D batch (rows of one dimension) whose elements are aligned, of any strides."""
+    return cnp.PyArray_NDIM(a) == 2 and cnp.PyArray_ISALIGNED(a) and cnp.PyArray_DIMS(a)[1] > 0
+
+
 cdef void _laid_digest(_Laid *L, const uint8_t *data, Py_ssize_t n, uint64_t *out) noexcept nogil:
     """Digest the n rows at ``data`` (laid out by _laid_build): the same digests as _digest_rows."""
     cdef Py_ssize_t i = 0, k
@@ -1138,6 +1143,39 @@ cdef void _laid_digest(_Laid *L, const uint8_t *data, Py_ssize_t n, uint64_t *ou
     cdef uint8_t *rows = L.buf + L.hlen
     for k in range(n):
         _copy_row(rows + k * stride, data + k * rowbytes, rowbytes)
+    if _HAVE_AVX512:
+        while i + 8 <= n:
+            sl_blake2b64_x8(L.buf + i * stride, stride, L.msg_len, out + i)
+            i += 8
+    if _HAVE_AVX2:
+        while i + 4 <= n:
+            sl_blake2b64_x4_laid(L.buf + i * stride, stride, L.msg_len, out + i)
+            i += 4
+    while i < n:
+        out[i] = _hash_bytes(L.buf + i * stride, L.msg_len)
+        i += 1
+
+
+cdef void _laid_digest_2d(_Laid *L, const uint8_t *data, Py_ssize_t n, Py_ssize_t m, Py_ssize_t s0,
+                          Py_ssize_t s1, size_t itemsize, uint64_t *out) noexcept nogil:
+    """Digest the n rows of a 2-D batch of any strides (row k, element j at data + k * s0 + j * s1: a
+    transposed, Fortran-ordered batch, as CartPoleVectorEnv's observations are), gathered into the layout
+    of _laid_build, with no copy of the batch first: the same digests as _laid_digest."""
+    cdef Py_ssize_t i = 0, j, k
+    cdef size_t stride = L.stride
+    cdef uint8_t *rows = L.buf + L.hlen
+    cdef uint8_t *dst
+    cdef const uint8_t *src
+    if itemsize == 4:
+        for k in range(n):
+            dst, src = rows + k * stride, data + k * s0
+            for j in range(m):
+                memcpy(dst + 4 * j, src + j * s1, 4)
+    else:
+        for k in range(n):
+            dst, src = rows + k * stride, data + k * s0
+            for j in range(m):
+                memcpy(dst + itemsize * j, src + j * s1, itemsize)
     if _HAVE_AVX512:
         while i + 8 <= n:
             sl_blake2b64_x8(L.buf + i * stride, stride, L.msg_len, out + i)
@@ -1162,6 +1200,22 @@ cdef inline const uint8_t *_bool_data(object arr, list keep) except NULL:
     a = <cnp.ndarray>arr
     keep.append(a)
     return <const uint8_t *>cnp.PyArray_DATA(a)
+
+
+_TABLE_MAX = 4096  # a Discrete action space of at most this many values is digested by a table
+
+
+cdef object _discrete_table(_Digester d, object layout):
+    """The digest of each value of a Discrete space of at most _TABLE_MAX values (value start + k at k), as a
+    uint64 array; None for any other space."""
+    space = layout.space
+    if not layout.discrete or not 0 < int(space.n) <= _TABLE_MAX:
+        return None
+    start = int(getattr(space, "start", 0))
+    try:
+        return np.array([d.digest(np.int64(start + k)) for k in range(int(space.n))], dtype=np.uint64)
+    except OverflowError:  # values past int64: digested as invalid, on the general path
+        return None
 
 
 cdef class VectorRecorder:
@@ -1197,6 +1251,10 @@ cdef class VectorRecorder:
     cdef readonly cnp.ndarray stream_ids
     # the observation and action batches of one-leaf spaces, kept laid out for their digests
     cdef _Laid obs_laid, act_laid
+    # a Discrete action space of at most _TABLE_MAX values: the digest of each (its message is fixed by the
+    # value), so that a batch of actions is digested by looking its values up; None for other spaces
+    cdef cnp.ndarray act_table
+    cdef int64_t act_start
 
     def __init__(self, list buffers, obs_layout, act_layout, reward_is_f32, stream_ids=None):
         self.buffers = buffers
@@ -1223,6 +1281,8 @@ cdef class VectorRecorder:
         self.token_seen = np.zeros(self.n, dtype=np.bool_)
         self.token_episode = np.full(self.n, -1, dtype=np.int64)
         self.token_step = np.zeros(self.n, dtype=np.int64)
+        self.act_table = _discrete_table(self.act, act_layout)
+        self.act_start = int(getattr(act_layout.space, "start", 0)) if self.act_table is not None else 0
 
     def __dealloc__(self):
         free(self.obs_laid.buf)
@@ -1347,6 +1407,7 @@ cdef class VectorRecorder:
         cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(out)[0]
         cdef Py_ssize_t i
+        cdef cnp.ndarray a2
         if self._batch_fits(d, batch, n):
             # no cast needed: skips the Python layout code
             if laid != NULL and laid.state >= 0 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>batch) and n > 0:
@@ -1354,6 +1415,16 @@ cdef class VectorRecorder:
                     _laid_build(laid, <cnp.ndarray>batch, n)
                 if laid.state == 1:
                     _laid_digest(laid, <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>batch), n, o)
+                    return 0
+            elif laid != NULL and laid.state >= 0 and n > 0 and _strided_2d(<cnp.ndarray>batch):
+                # rows of one dimension, strided (a transposed batch): gathered row by row, not copied first
+                if laid.state == 0:
+                    _laid_build(laid, <cnp.ndarray>batch, n)
+                if laid.state == 1:
+                    a2 = <cnp.ndarray>batch
+                    _laid_digest_2d(laid, <const uint8_t *>cnp.PyArray_DATA(a2), n, cnp.PyArray_DIMS(a2)[1],
+                                    cnp.PyArray_STRIDES(a2)[0], cnp.PyArray_STRIDES(a2)[1],
+                                    <size_t>cnp.PyArray_ITEMSIZE(a2), o)
                     return 0
             _digest_rows([batch], o, n)
             return 0
@@ -1432,7 +1503,34 @@ cdef class VectorRecorder:
 
     def actions(self, actions):
         """Digest the actions sent to the envs, before they are handed over (Gymnasium's batch layout)."""
+        if self.act_table is not None and self._by_table(actions, self.last_act):
+            return
         self._rows(self.act, actions, self.last_act, &self.act_laid)
+
+    cdef bint _by_table(self, object batch, cnp.ndarray out) except -1:
+        """Digest a batch of Discrete actions (an int64 array of one value per row of ``out``) by looking each
+        value up in ``act_table``; a value outside the space is digested on its own. False (nothing done) for
+        any other batch."""
+        cdef cnp.ndarray a
+        cdef Py_ssize_t i, m = cnp.PyArray_DIMS(out)[0]
+        cdef const int64_t *p
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef const uint64_t *table = <const uint64_t *>cnp.PyArray_DATA(self.act_table)
+        cdef int64_t v, start = self.act_start, size = cnp.PyArray_DIMS(self.act_table)[0]
+        if not cnp.PyArray_CheckExact(batch):
+            return False
+        a = <cnp.ndarray>batch
+        if cnp.PyArray_TYPE(a) != cnp.NPY_INT64 or not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_NDIM(a) != 1 \
+                or cnp.PyArray_DIMS(a)[0] != m or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+            return False
+        p = <const int64_t *>cnp.PyArray_DATA(a)
+        for i in range(m):
+            v = p[i] - start
+            if 0 <= v < size:
+                o[i] = table[v]
+            else:
+                o[i] = self.act.digest(a[i])
+        return True
 
     @cython.boundscheck(True)  # actions[i] indexes the caller's object: it may be too short
     @cython.wraparound(True)
@@ -1550,6 +1648,92 @@ cdef class VectorRecorder:
             if te[i] or tr[i]:
                 return None
         return self._step_same(obs, rewards, _NO_FINALS)
+
+    # Sub-batches by env id (EnvPool's async mode: each recv hands back another subset of the envs).
+    cdef cnp.ndarray _ids(self, object ids):
+        """``ids`` as a C-ordered int64 array of env ids, each one of the n envs."""
+        cdef cnp.ndarray a = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef Py_ssize_t j
+        for j in range(cnp.PyArray_SIZE(a)):
+            if p[j] < 0 or p[j] >= self.n:
+                raise IndexError("env ids %r: each must be one of the %d envs" % (a.tolist(), self.n))
+        return a
+
+    cdef cnp.ndarray _sub_flags(self, object arr, Py_ssize_t k, str what):
+        cdef cnp.ndarray a = np.ascontiguousarray(arr, dtype=np.bool_).reshape(-1)
+        if cnp.PyArray_SIZE(a) != k:
+            raise ValueError("expected %d values of %s, got %d" % (k, what, cnp.PyArray_SIZE(a)))
+        return a
+
+    def actions_ids(self, actions, ids):
+        """Digest the actions sent to the envs ``ids`` (a batch of len(ids) rows, row j for env ids[j])."""
+        cdef cnp.ndarray a = self._ids(ids)
+        cdef Py_ssize_t j, k = cnp.PyArray_SIZE(a)
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        if self.act_table is None or not self._by_table(actions, out):
+            self._rows(self.act, actions, out, NULL)
+        for j in range(k):
+            ha[p[j]] = o[j]
+
+    def reset_ids(self, obs, ids):
+        """Record a reset of the envs ``ids`` (row j of ``obs`` for env ids[j])."""
+        cdef cnp.ndarray a = self._ids(ids)
+        cdef Py_ssize_t i, j, k = cnp.PyArray_SIZE(a)
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
+        cdef uint64_t zero = _bits(0.0, self.is_f32)
+        self._rows(self.obs, obs, out, NULL)
+        self._new_call()
+        for j in range(k):
+            i = p[j]
+            ho[i] = o[j]
+            self._push(i, KIND_RESET, o[j], NO_DIGEST, zero, False, False)
+            pend[i] = 0
+        return _due()
+
+    def step_next_ids(self, obs, rewards, terminated, truncated, ids):
+        """``step_next`` of a sub-batch: row j of each argument is env ids[j]'s."""
+        cdef cnp.ndarray a = self._ids(ids)
+        cdef Py_ssize_t i, j, k = cnp.PyArray_SIZE(a)
+        cdef cnp.ndarray fte = self._sub_flags(terminated, k, "terminated")
+        cdef cnp.ndarray ftr = self._sub_flags(truncated, k, "truncated")
+        cdef cnp.ndarray rew = np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
+        if cnp.PyArray_SIZE(rew) != k:
+            raise ValueError("expected %d rewards, got %d" % (k, cnp.PyArray_SIZE(rew)))
+        cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(a)
+        cdef const uint8_t *te = <const uint8_t *>cnp.PyArray_DATA(fte)
+        cdef const uint8_t *tr = <const uint8_t *>cnp.PyArray_DATA(ftr)
+        cdef const double *pr = <const double *>cnp.PyArray_DATA(rew)
+        cdef cnp.ndarray out = np.empty(k, dtype=np.uint64)
+        cdef uint64_t *o = <uint64_t *>cnp.PyArray_DATA(out)
+        cdef uint64_t *ho = <uint64_t *>cnp.PyArray_DATA(self.last_obs)
+        cdef uint64_t *ha = <uint64_t *>cnp.PyArray_DATA(self.last_act)
+        cdef uint8_t *pend = <uint8_t *>cnp.PyArray_DATA(self.pending)
+        cdef bint is_f32 = self.is_f32
+        cdef uint64_t bits
+        cdef bint t, r
+        self._rows(self.obs, obs, out, NULL)
+        self._new_call()
+        for j in range(k):
+            i = p[j]
+            ho[i] = o[j]
+            bits = _bits(pr[j], is_f32)
+            t, r = te[j] != 0, tr[j] != 0
+            if pend[i]:
+                ha[i] = NO_DIGEST
+                self._push(i, KIND_RESET, o[j], NO_DIGEST, bits, t, r)
+                pend[i] = 0
+            else:
+                self._push(i, KIND_STEP, o[j], ha[i], bits, t, r)
+                pend[i] = t or r
+        return _due()
 
     def env_reset(self, Py_ssize_t i, obs):
         """Record a reset of env i that returned ``obs`` (None: withheld from the trainer, WITHHELD_DIGEST)."""

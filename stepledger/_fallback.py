@@ -777,6 +777,67 @@ class VectorRecorder:
             return None
         return self.step_same(obs, rewards, {})
 
+    # Sub-batches by env id (EnvPool's async mode: each recv hands back another subset of the envs).
+    def _ids(self, ids):
+        """``ids`` as an int64 array of env ids, each one of the n envs."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.shape[0] and (ids.min() < 0 or ids.max() >= self.n):
+            raise IndexError("env ids %r: each must be one of the %d envs" % (ids.tolist(), self.n))
+        return ids
+
+    def actions_ids(self, actions, ids):
+        """Digest the actions sent to the envs ``ids`` (a batch of len(ids) rows, row j for env ids[j])."""
+        ids = self._ids(ids)
+        out = np.empty(ids.shape[0], dtype=np.uint64)
+        self._rows(self.act_layout, actions, out)
+        self.last_act[ids] = out
+
+    def reset_ids(self, obs, ids):
+        """Record a reset of the envs ``ids`` (row j of ``obs`` for env ids[j])."""
+        ids = self._ids(ids)
+        out = np.empty(ids.shape[0], dtype=np.uint64)
+        self._rows(self.obs_layout, obs, out)
+        self._new_call()
+        zero = reward_bits(0.0, self.is_f32)
+        over = False
+        for j in range(ids.shape[0]):
+            i = int(ids[j])
+            self.last_obs[i] = out[j]
+            over |= self._push(i, S.KIND_RESET, int(out[j]), S.NO_DIGEST, zero, False, False)
+            self.pending[i] = False
+        return over or _due()
+
+    def step_next_ids(self, obs, rewards, terminated, truncated, ids):
+        """``step_next`` of a sub-batch: row j of each argument is env ids[j]'s."""
+        ids = self._ids(ids)
+        k = ids.shape[0]
+        flags = []
+        for arr, what in ((terminated, "terminated"), (truncated, "truncated")):
+            arr = np.asarray(arr, dtype=np.bool_).reshape(-1)
+            if arr.shape[0] != k:
+                raise ValueError("expected %d values of %s, got %d" % (k, what, arr.shape[0]))
+            flags.append(arr)
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if rewards.shape[0] != k:
+            raise ValueError("expected %d rewards, got %d" % (k, rewards.shape[0]))
+        out = np.empty(k, dtype=np.uint64)
+        self._rows(self.obs_layout, obs, out)
+        self._new_call()
+        over = False
+        for j in range(k):
+            i = int(ids[j])
+            self.last_obs[i] = out[j]
+            bits = reward_bits(rewards[j], self.is_f32)
+            te, tr = bool(flags[0][j]), bool(flags[1][j])
+            if self.pending[i]:
+                self.last_act[i] = S.NO_DIGEST
+                over |= self._push(i, S.KIND_RESET, int(out[j]), S.NO_DIGEST, bits, te, tr)
+                self.pending[i] = False
+            else:
+                over |= self._push(i, S.KIND_STEP, int(out[j]), int(self.last_act[i]), bits, te, tr)
+                self.pending[i] = te or tr
+        return over or _due()
+
     def env_reset(self, i, obs):
         """Record a reset of env i that returned ``obs`` (None: withheld from the trainer, WITHHELD_DIGEST)."""
         if not 0 <= i < self.n:

@@ -580,6 +580,14 @@ def counts_line(env, counts, agents=None):
         stream_name(env, agents), text or "none of the compared fields")
 
 
+def reset_step_trained(agents=None):
+    """The env's step after an episode end was a reset (next-step autoreset: EnvPool, CartPoleVectorEnv), and
+    the trainer recorded it as a step: it was trained on as a transition, with an action the env ignored."""
+    who = "the agent" if agents else "the env"
+    return ("%s was reset here (next-step autoreset: its action was ignored), but the trainer recorded a step: "
+            "the reset step was trained on as a real transition (mask it, as a NEXT_STEP trainer does)" % who)
+
+
 def untold_end(env, agents, flag, extra):
     """The env ended the episode at a step the trainer was told nothing of (both flags false), and the
     trainer then received ``extra`` steps the env never took: padding, or a phantom step."""

@@ -178,6 +178,11 @@ COPY_INFIX = ".copy-"     # env-3.copy-{random}.npz: a copy of env 3's LedgerEnv
 # env-unindexed-{random}.npz: a LedgerEnv that had no index at its first event (index= not given,
 # nor set_index(), nor the trainer side's link); its one stream has the placeholder env_index 0.
 UNINDEXED_PREFIX = "env-unindexed-"
+# The env side of a batch (stepledger.recording.envbatch.EnvLedger, one process recording envs first .. last of
+# a vector env at its own output) writes one file for them all, env-{first}-{last}.npz, with one stream per env
+# (env_index first .. last); a batch of one env writes env-{first}.npz. Read as env-N.npz files are.
+ENV_FILE_NAME = "env-%d.npz"
+BATCH_FILE_NAME = "env-%d-%d.npz"
 
 # The attribute through which the trainer side tells each env-side ledger its run and its
 # position in the vector env (the vector env's set_attr, or SB3's env_method).

@@ -6,7 +6,8 @@ FaultyVectorEnv), ``check`` (check_boundary, ``stepledger check``), ``library`` 
 ``stepledger.libraries``). Gymnasium is a dependency of stepledger, so its names are imported here at once.
 """
 
+from stepledger.gymnasium.batch import LedgerBatchEnv
 from stepledger.gymnasium.env import LedgerEnv
 from stepledger.gymnasium.vector import LedgerVectorEnv
 
-__all__ = ["LedgerEnv", "LedgerVectorEnv"]
+__all__ = ["LedgerBatchEnv", "LedgerEnv", "LedgerVectorEnv"]

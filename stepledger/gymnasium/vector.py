@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from stepledger.format.schema import LINK_ATTR, SETTINGS_KEY
+from stepledger.gymnasium.batch import link_batch
 from stepledger.recording.batches import row as _row
 from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.hooks import attend
@@ -74,6 +75,8 @@ def link_envs(env: Any, side: TrainerLedger) -> None:
     without one. Only Gymnasium's own vector envs, whose set_attr is known; a
     bridge that has none leaves compare to tell runs apart by their times.
     """
+    if side.run is not None and link_batch(env, side.run):
+        return  # the env side of the batch (LedgerBatchEnv) is in the chain: one file, told its run
     if side.run is None or type(env) not in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
         return
     try:

@@ -117,6 +117,12 @@ def _chain(env):
         env = inner if inner is not None else own_attr(env, "env")
 
 
+def find_in_chain(env, cls):
+    """The first object of type ``cls`` in ``env``'s chain (``env`` and what it wraps, through Gymnasium's
+    ``.env`` and SB3's ``.venv``), or None."""
+    return next((e for e in _chain(env) if isinstance(e, cls)), None)
+
+
 def outer_wrappers(env, declared=frozenset(), bottom=None):
     """The wrappers around LedgerEnv in the envs of ``env``'s vector env, where it holds them in this process
     (``.envs``: SyncVectorEnv, DummyVecEnv), described as ``wrappers_between`` does (``"where": "around

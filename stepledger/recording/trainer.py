@@ -163,6 +163,8 @@ class TrainerLedger:
             (``"{i}"``: the env); an adapter passes its library's (``"infos[{i}]['terminal_observation']"``).
     """
 
+    _SIDE = "trainer"  # the side its ledger is of (EnvLedger, the env side's engine, records with this engine too)
+
     def __init__(self, path: str | os.PathLike[str] | None, num_envs: int,
                  observation_space: gym.spaces.Space[Any], action_space: gym.spaces.Space[Any], *,
                  autoreset_mode: Any = None, reward_dtype: Any = np.float32, keep_values: bool = False,
@@ -189,7 +191,7 @@ class TrainerLedger:
             buffers = [core.StreamBuffer(16) for _ in range(n)]
         else:
             meta = {} if self.autoreset_mode is None else {S.META_AUTORESET: self.autoreset_mode}
-            self.recording = Recording(path, "trainer", range(n) if streams is None else streams, obs_layout,
+            self.recording = Recording(path, self._SIDE, self._file_streams(n, streams), obs_layout,
                                        act_layout, dtype, keep_values, meta, interval, owner)
             buffers = self.recording.buffers
         self._rec = rec = core.VectorRecorder(buffers, obs_layout, act_layout, dtype == np.float32, streams)
@@ -220,6 +222,10 @@ class TrainerLedger:
             if not live and self.recording is not None:
                 self.step_results = {NEXT_STEP: rec.step_next_results,
                                      SAME_STEP: rec.step_same_results}.get(self.autoreset_mode)
+
+    def _file_streams(self, n, streams):
+        """The env index each stream has in the file: 0 .. n-1, or the streams given."""
+        return range(n) if streams is None else streams
 
     def note_wrappers(self, found):
         """Keep the wrappers found between the two ledgers (``stack.check_placement``) in the ledger's meta,
@@ -332,6 +338,43 @@ class TrainerLedger:
         if self.keep_values:
             over |= self._keep_same(obs, ended, _InfoColumn(infos, final_key), None)
         self._after(over)
+
+    # Sub-batches by env id (EnvPool's async mode, batch_size < num_envs: each call has other envs' rows);
+    # next-step autoreset, the core's *_ids calls, one a batch. EnvLedger (the env side) has them too.
+
+    def _sub(self, what):
+        if self.keep_values:
+            raise ValueError("%s.%s: sub-batches are recorded without kept values (keep_values=False)"
+                             % (self.owner, what))
+        if self.autoreset_mode != NEXT_STEP:
+            raise ValueError("%s.%s: sub-batches by env id follow next-step autoreset (EnvPool's); this ledger "
+                             "was built with autoreset_mode=%r" % (self.owner, what, self.autoreset_mode))
+
+    def reset_next(self, env_ids: Any = None) -> None:
+        """The next row of each env (of ``env_ids``, or of all) is its reset: EnvPool's ``async_reset``,
+        whose reset observations come back from later ``recv`` calls as next-step rows do."""
+        self._sub("reset_next")
+        if env_ids is None:
+            self._rec.pending[:] = True
+        else:
+            self._rec.pending[np.asarray(env_ids, dtype=np.int64)] = True
+
+    def actions_at(self, env_ids: Any, actions: Any) -> None:
+        """Note the actions about to be sent to the envs ``env_ids`` (row j to env ``env_ids[j]``, an index
+        within the batch, from 0)."""
+        self._sub("actions_at")
+        self._rec.actions_ids(actions, env_ids)
+
+    def step_at(self, env_ids: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
+        """Record the step results of the envs ``env_ids`` (row j is env ``env_ids[j]``'s), next-step
+        autoreset: an env whose episode ended at its previous step is reset by this one."""
+        self._sub("step_at")
+        self._after(self._rec.step_next_ids(obs, rewards, terminated, truncated, env_ids))
+
+    def reset_at(self, env_ids: Any, obs: Any) -> None:
+        """Record a reset of the envs ``env_ids`` (row j of ``obs`` is env ``env_ids[j]``'s)."""
+        self._sub("reset_at")
+        self._after(self._rec.reset_ids(obs, env_ids))
 
     def _final_digest(self, value, i):
         if value is None:

@@ -24,7 +24,7 @@ from stepledger.report import parallel
 from stepledger.errors import LedgerError, SettingsError
 from stepledger.format.ledgerfile import CHUNK, positions
 from stepledger.report.read import (FIRST_EVENTS, Columns, Ledger, LedgerPath, MergedLedger, Meta, Overlap,
-                                    Stream, TrainerSpec, env_index_of, fragments_of, read, read_ledger,
+                                    Stream, TrainerSpec, env_indices_of, fragments_of, read, read_ledger,
                                     read_trainers)
 
 from stepledger.format.spaces import is_variable_description, leaf_names
@@ -68,6 +68,8 @@ class EnvDifference:
         self.agents: list[str] | None = None
         # (the env's end flag, steps the trainer got after it): an end the trainer missed
         self.untold: tuple[str, int] | None = None
+        # the env's next-step reset, recorded by the trainer as a step: a reset step trained on as a transition
+        self.reset_trained = False
 
     def line(self) -> str:
         """The report's line for this env."""
@@ -84,6 +86,8 @@ class EnvDifference:
                                        self.trainer_values, self.detail, self.agents)
         if self.untold is not None:
             line += "; " + wording.untold_end(self.env, self.agents, *self.untold)
+        if self.reset_trained:
+            line += "; " + wording.reset_step_trained(self.agents)
         return line
 
     def _json_values(self, values: dict[str, Any], side: int) -> dict[str, Any]:
@@ -129,6 +133,8 @@ class EnvDifference:
             d["trainer_file"] = self.trainer_file
         if self.untold is not None:
             d["untold_end"], d["steps_never_taken"] = self.untold
+        if self.reset_trained:
+            d["reset_step_trained"] = True
         if self.agents:
             d["env_copy"] = self.env // len(self.agents)
             d["agent"] = self.agents[self.env % len(self.agents)]
@@ -564,7 +570,11 @@ def _difference_at(env_id: int, env_stream: Stream, tr_stream: Stream, index: in
     theirs = {f: row_b[S.FIELD_COLUMNS[f]] for f in S.FIELDS}
     if ours["kind"] != theirs["kind"]:
         env_kind, tr_kind = wording.event_values(("kind",), ours, theirs, meta[S.META_REWARD_DTYPE])
-        return EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_kind, tr_kind)
+        d = EnvDifference(env_id, "kind", index, episode, step, ("kind",), env_kind, tr_kind)
+        # a next-step reset (the same observation) that the trainer took for a step: trained on as a transition
+        d.reset_trained = bool(ours["kind"] == S.KIND_RESET and theirs["kind"] == S.KIND_STEP
+                               and ours["obs"] == theirs["obs"])
+        return d
     fields = [f for f in S.FIELDS[1:] if ours[f] != theirs[f]]
     env_values: dict[str, Any] = {}
     tr_values: dict[str, Any] = {}
@@ -950,9 +960,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         raise
     try:
         def accept(meta: Meta, name: str) -> str | None:
-            idx = env_index_of(name)
-            metas = [led.meta for n, led in tr_ledger.named if idx is None or idx not in tr_ledger.source
-                     or n in tr_ledger.holders[idx]]
+            # the trainer files holding the file's envs (a batch's env-N-M.npz holds several), or all of them
+            idxs = env_indices_of(name)
+            holders: set[str] | None = None
+            if idxs is not None and all(i in tr_ledger.source for i in idxs):
+                holders = {n for i in idxs for n in tr_ledger.holders[i]}
+            metas = [led.meta for n, led in tr_ledger.named if holders is None or n in holders]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
         runs = {led.meta.get(S.META_RUN) for _, led in tr_ledger.named} - {None}
@@ -979,7 +992,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         alone = None if _names_a_directory(env_dir) else sorted(env_ledger.streams)
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
-        notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
+        notes += [wording.not_read(name, why, bool(set(env_indices_of(name) or ()) & recorded))
+                  for name, why in unread]
         # trainer streams no env ledger holds: beside a second recording of one index, two of the trainer side's
         # envs were most likely given that index (the trainer side told neither its position)
         missing = recorded - set(env_ledger.streams)
@@ -1008,7 +1022,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         differences: list[EnvDifference] = []
         hint = False
         # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
-        other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
+        other_runs = {i for name, _ in env_ledger.skipped + unread for i in env_indices_of(name) or ()}
         uncompared: set[int] = set()
         withheld: dict[int, int] = {}  # per env, the observations the library withheld from the trainer
         work = [EnvWork(e, env_ledger.streams.get(e), tr_ledger.streams.get(e), overlaps.get(e), e in other_runs)

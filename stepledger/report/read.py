@@ -27,9 +27,12 @@ from stepledger.format.spaces import digest_signature
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-_ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
-# a second recording of env N (env-N.dup-*.npz) or a copy of its LedgerEnv (env-N.copy-*.npz, docs/INDICES.md)
-_DUP_FILE = re.compile(r"^env-(\d+)(?:%s|%s)[0-9a-f]+\.npz$" % (re.escape(S.DUPLICATE_INFIX), re.escape(S.COPY_INFIX)))
+# env-N.npz, and env-N-M.npz: the env side of a batch, envs N .. M in one file (S.BATCH_FILE_NAME)
+_ENV_FILE = re.compile(r"^env-(\d+)(?:-(\d+))?\.npz$")
+# a second recording of env N (env-N.dup-*.npz) or a copy of its LedgerEnv (env-N.copy-*.npz, docs/INDICES.md),
+# and a second recording of a batch (env-N-M.dup-*.npz)
+_DUP_FILE = re.compile(r"^env-(\d+)(?:-(\d+))?(?:%s|%s)[0-9a-f]+\.npz$"
+                       % (re.escape(S.DUPLICATE_INFIX), re.escape(S.COPY_INFIX)))
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
 _MAP_FILE = re.compile(r"^(.*\.npz)" + re.escape(S.MAP_INFIX) + r"[0-9a-f]+$")
 
@@ -845,10 +848,14 @@ def _segment_copies(url: str, local: str) -> list[tuple[str, str]]:
 _PATTERN = re.compile(r"[*?\[]")
 
 
-def env_index_of(name: str) -> int | None:
-    """The env index an env ledger's file name gives (``env-3.npz``, ``env-3.dup-*.npz``), else None."""
+def env_indices_of(name: str) -> range | None:
+    """The env indices an env ledger's file name gives: N of ``env-N.npz``, N .. M of a batch's
+    ``env-N-M.npz`` (and of their second recordings and copies), else None."""
     m = _ENV_FILE.match(name) or _DUP_FILE.match(name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    first = int(m.group(1))
+    return range(first, (int(m.group(2)) if m.group(2) is not None else first) + 1)
 
 
 def _trainer_name(name: str) -> bool:

@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without SB3
 
 from stepledger.format.schema import LINK_ATTR, RESET_TOKEN_KEY, SETTINGS_KEY
 from stepledger.recording.live import BoundaryFault
+from stepledger.gymnasium.batch import link_batch
 from stepledger.recording.placement import check_placement, slot_infos
 from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.trainer import DONE_FLAGS, OnFault
@@ -77,6 +78,8 @@ class LedgerVecEnv(TrainerAdapter, VecEnvWrapper):
     def _link_envs(self) -> None:
         """Tell each env-side ledger the run and its position (see vector.link_envs), one env at a time:
         SB3's set_attr gives every env the same value, so this goes through each env's set_wrapper_attr."""
+        if self.ledger.run is not None and link_batch(self.venv, self.ledger.run):
+            return  # the env side of a batch (LedgerBatchEnv, under a conversion such as EnvPool's VecAdapter)
         if self.ledger.run is None or type(self.venv) not in (DummyVecEnv, SubprocVecEnv):
             return
         try:

@@ -113,3 +113,13 @@ def test_aec_overhead_quick(tmp_path):
     pytest.importorskip("pettingzoo")
     out = run_quick("aec_overhead.py", tmp_path)
     assert "bare loop: " in out and "LedgerAECEnv (env side): +" in out and "(both sides): +" in out, out
+
+
+def test_batched_quick(tmp_path):
+    """benchmarks/batched.py (issue 29's cost table): CartPoleVectorEnv of 256 envs, each configuration, the
+    targets line."""
+    out = run_quick("batched.py", tmp_path)
+    assert "## The env side at a vector env's output" in out
+    for config in ("none", "env", "trainer", "both"):
+        assert "\n| %s |" % config in out, out
+    assert "Targets (issue 29): each side at most 0.2 µs an env step" in out, out

@@ -112,6 +112,25 @@ def test_ray_tasks_give_the_local_report_from_a_path(cluster, runs, which, count
         assert len(on_ray.differences) == 3
 
 
+@pytest.mark.parametrize("faulty", [None, (5, 77)])
+def test_ray_tasks_pair_batch_files_as_one_process_does(cluster, tmp_path, faulty, tasks_seen):
+    """Batch files (env-0-3.npz, env-4-6.npz, env-7.npz: several envs in one file) read by the tasks themselves:
+    each env paired with the trainer side's as one process pairs it (tests/batched/test_batch_compare_parallel.py
+    for worker processes)."""
+    sys.path.insert(0, os.path.join(TESTS_DIR, "batched"))
+    from test_batch_compare_parallel import write_batches
+    env_dir, trainer = write_batches(str(tmp_path / "run"), faulty)
+    local = compare(env_dir, trainer, jobs=1)
+    on_ray = compare(env_dir, trainer, ray=True)
+    assert str(on_ray) == str(local) and on_ray.to_json() == local.to_json()
+    assert local.envs == list(range(8)) and local.ok == (faulty is None), local.lines()
+    if faulty is not None:
+        assert [(d.env, d.fields, d.event) for d in on_ray.differences] == [(5, ("reward",), 78)]
+    assert len(tasks_seen) == 2
+    named = sorted({os.path.basename(p) for paths in tasks_seen for p in paths})
+    assert named == ["env-0-3.npz", "env-4-6.npz", "env-7.npz", "trainer.npz"]
+
+
 @pytest.mark.parametrize("which", ["clean", "faulty"])
 def test_ray_tasks_read_the_ledgers_from_the_object_store_themselves(cluster, runs, s3, which, tasks_seen):
     _, urls = s3
