@@ -14,7 +14,7 @@ order, little-endian.
 """
 
 import ctypes
-from typing import Any
+import typing
 import hashlib
 import operator
 import struct
@@ -234,8 +234,8 @@ class StreamBuffer:
         self._cols = {name: np.empty(max(int(capacity), 16), dtype=dt) for name, dt in S.EVENT_COLUMNS}
         self._size = 0
         self._gbase = 0
-        self._ring: Any = None  # column name -> the ring's array (numpy over the mapped region)
-        self._hdr: Any = None   # the region's header: uint64 [base, end, ...]
+        self._ring: typing.Any = None  # column name -> the ring's array (numpy over the mapped region)
+        self._hdr: typing.Any = None   # the region's header: uint64 [base, end, ...]
         self._mapped = False
         self._cap = 0
         self._warn_at = 0

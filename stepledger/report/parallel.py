@@ -106,6 +106,11 @@ def compare_envs(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta
     """``fn(w, count_all, meta)`` for every ``w`` of ``work``, in order, run as ``jobs`` and ``ray`` say
     (see the module's docstring). ``ledgers`` are the two sides read: a URL's local copy is named by its
     URL for Ray tasks."""
+    if _mapped(work):
+        # a stream read in part from a mapped part (a killed process's events, read/_MapPart) is in this
+        # process's memory only: no other process can open it by name, so all envs are compared here (a
+        # forked worker would have it, but a run's compare should not depend on the start method)
+        return _here(fn, work, count_all, meta, progress)
     if ray is not None and ray is not False:
         return _on_ray(fn, work, count_all, meta, ray, progress, ledgers)
     workers = min(check_jobs(jobs), max(1, sum(_events(w) for w in work) // MIN_EVENTS_A_WORKER),
@@ -113,6 +118,12 @@ def compare_envs(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta
     if workers <= 1:
         return _here(fn, work, count_all, meta, progress)
     return _in_processes(fn, work, count_all, meta, workers, progress)
+
+
+def _mapped(work: Sequence[EnvWork]) -> bool:
+    """Whether a stream of ``work`` holds events read from a mapped part rather than a ledger file."""
+    return any(not isinstance(p.lf, LedgerFile) for w in work for s in (w.env_stream, w.trainer_stream)
+               if s is not None for p in s.pieces)
 
 
 def _here(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta: Meta,

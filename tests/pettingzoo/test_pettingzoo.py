@@ -471,11 +471,13 @@ os.kill(os.getpid(), signal.SIGKILL)  # the env ledgers are never written: their
 
 def test_records_that_end_apart_name_the_agent(tmp_path):
     """A process killed after its trainer ledger closed and its env ledgers last spilled 2 steps earlier: the
-    notes name each agent stream by its env copy and agent, not as an env."""
+    notes name each agent stream by its env copy and agent, not as an env. Recorded without a mapped part
+    (STEPLEDGER_MAPPED_BYTES=0, as ledgers at a URL are), so that the env side loses what it had not spilled."""
     import subprocess
     import sys
     d = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, d], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, d], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, STEPLEDGER_MAPPED_BYTES="0"))
     assert proc.returncode == -9, proc.stderr[-3000:]
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok, str(report)
