@@ -18,6 +18,7 @@ LIBRARY = Library(
         ("--num-cpus", dict(type=int, default=0,
                             help="with --trainer supersuit: SuperSuit's num_cpus (worker processes; 0: in-process)")),
         ("--agent", dict(help="with --trainer supersuit: the agent each fault is injected on (default: the last of "
-                              "possible_agents)")),
+                              "possible_agents); with --trainer rllib: ENV_ID is a registered multi-agent env whose "
+                              "agents all feed one module, and each fault hits this agent (--place connector)")),
     ),
 )
