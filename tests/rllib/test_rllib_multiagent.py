@@ -2,9 +2,10 @@
 of tests/rllib_ma_envs.py's envs (agents acting together, in turn, leaving and joining; RLlib's PettingZoo
 wrappers over PettingZoo's rps_v2), each in a subprocess (tests/rllib_harness.py) with a timeout.
 
-Run in the RLlib venv (tests/rllib/test_rllib_venv.py), as tests/rllib/test_rllib.py is. The CI set is three
+Run in the RLlib venv (tests/rllib/test_rllib_venv.py), as tests/rllib/test_rllib.py is. The CI set is four
 runs in one Ray session; ``STEPLEDGER_RLLIB_LONG=1`` adds the longer set (RLlib's turn-based PettingZooEnv, the
-runner placement, a recreated runner with evaluation runners, a run ended by ray.shutdown() alone).
+runner placement, a recreated runner with evaluation runners, a run ended by ray.shutdown() alone, and
+check_rllib's multi-agent matrix in a Ray session of its own).
 """
 
 import testpaths  # noqa: F401  (where the suite and the repository are)
@@ -155,30 +156,6 @@ def test_rllibs_own_episode_metrics_agree_with_the_env_ledgers_on_ray_2_60(runs,
     assert glob.glob(os.path.join(spec["path"], "rllib-episodes-*.jsonl"))
 
 
-def test_check_rllib_runs_the_multi_agent_matrix_on_one_agent_of_a_registered_multi_agent_env(tmp_path):
-    # what `stepledger check ENV_ID --trainer rllib --agent A --place connector` runs, on an env registered with
-    # Ray in the same process (the CLI's own process has none registered but Gymnasium's)
-    import subprocess
-    import sys
-    code = ("import json, ray, rllib_ma_envs, stepledger.rllib\n"
-            "ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
-            "rllib_ma_envs.register()\n"
-            "r = stepledger.rllib.check_rllib('ma-together', faults=['obs:f16', 'reward:zero'], runners=1, envs=2, "
-            "agent='agent_1', place='connector', directory=%r)\n"
-            "print('REPORT', json.dumps(str(r)))\nray.shutdown()\n" % str(tmp_path / "check"))
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (testpaths.ROOT, testpaths.TESTS_DIR,
-                                                                        os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=environ,
-                          cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    import json
-    import re
-    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")][-1][7:])
-    assert "clean run: no difference" in out, out
-    for fault in ("obs:f16", "reward:zero"):  # env 1's agent_1: stream 1 * 2 + 1
-        assert re.search(r"%s\s+caught and located" % fault, out), out
-
-
 # the longer set: defined only with STEPLEDGER_RLLIB_LONG=1 (the RLlib venv run passes with nothing skipped)
 if LONG:
     def test_multi_agent_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indices(runs):
@@ -202,3 +179,26 @@ if LONG:
         assert states <= {S.STATE_SIGNAL, S.STATE_OPEN}, states
         report = compare(d, os.path.join(d, "trainer.npz"))
         assert report.ok, str(report)
+
+    def test_check_rllib_runs_the_multi_agent_matrix_on_one_agent_of_a_registered_multi_agent_env(tmp_path):
+        # what `stepledger check ENV_ID --trainer rllib --agent A --place connector` runs, on an env registered with
+        # Ray in the same process (the CLI's own process has none registered but Gymnasium's)
+        import subprocess
+        import sys
+        code = ("import json, ray, rllib_ma_envs, stepledger.rllib\n"
+                "ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
+                "rllib_ma_envs.register()\n"
+                "r = stepledger.rllib.check_rllib('ma-together', faults=['obs:f16', 'reward:zero'], runners=1, envs=2, "
+                "agent='agent_1', place='connector', directory=%r)\n"
+                "print('REPORT', json.dumps(str(r)))\nray.shutdown()\n" % str(tmp_path / "check"))
+        environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (testpaths.ROOT, testpaths.TESTS_DIR,
+                                                                            os.environ.get("PYTHONPATH")) if p))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=environ,
+                              cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        import json
+        import re
+        out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")][-1][7:])
+        assert "clean run: no difference" in out, out
+        for fault in ("obs:f16", "reward:zero"):  # env 1's agent_1: stream 1 * 2 + 1
+            assert re.search(r"%s\s+caught and located" % fault, out), out
