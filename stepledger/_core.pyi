@@ -15,6 +15,7 @@ IMPLEMENTATION: str
 COMPILED_LAYOUT: dict[str, Any]
 MISSING_DIGEST: int
 INVALID_DIGEST: int
+WITHHELD_DIGEST: int
 
 #: an event as ``VectorRecorder.event`` gives it: (kind, h_obs, h_act, h_rew, terminated, truncated)
 _Event = tuple[int, int, int, int, bool, bool]

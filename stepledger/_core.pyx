@@ -146,6 +146,7 @@ def blake2b64(data):
 
 MISSING_DIGEST = blake2b64(S.MISSING_MESSAGE)
 INVALID_DIGEST = blake2b64(S.INVALID_MESSAGE)
+WITHHELD_DIGEST = blake2b64(S.WITHHELD_MESSAGE)
 cdef uint64_t C_INVALID = INVALID_DIGEST
 cdef object _float64 = np.float64  # a float subclass: its value is read without a call
 
@@ -1335,11 +1336,11 @@ cdef class VectorRecorder:
         return self._step_same(obs, rewards, _NO_FINALS)
 
     def env_reset(self, Py_ssize_t i, obs):
-        """Record a reset of env i that returned ``obs``."""
+        """Record a reset of env i that returned ``obs`` (None: withheld from the trainer, WITHHELD_DIGEST)."""
         cdef uint64_t h
         if i < 0 or i >= self.n:
             raise IndexError("env %d is not one of the %d envs" % (i, self.n))
-        h = self.obs.digest(obs)
+        h = WITHHELD_DIGEST if obs is None else self.obs.digest(obs)
         (<uint64_t *>cnp.PyArray_DATA(self.last_obs))[i] = h
         (<uint8_t *>cnp.PyArray_DATA(self.pending))[i] = 0
         (<int64_t *>cnp.PyArray_DATA(self.counts))[i] += 1
@@ -1348,7 +1349,8 @@ cdef class VectorRecorder:
 
     def env_steps(self, Py_ssize_t i, actions, obs, rewards, terminated, truncated):
         """Record m steps of env i: ``actions`` and ``obs`` batched over the m steps
-        (a leading axis of m), ``rewards``, ``terminated`` and ``truncated`` of m each."""
+        (a leading axis of m), ``rewards``, ``terminated`` and ``truncated`` of m each;
+        ``obs`` None: the library withheld the observations (each gets WITHHELD_DIGEST)."""
         cdef list keep = []
         cdef cnp.ndarray rew = np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1)
         cdef Py_ssize_t m = cnp.PyArray_SIZE(rew)
@@ -1374,7 +1376,10 @@ cdef class VectorRecorder:
         if m == 0:
             return _due()
         self._rows(self.act, actions, h_act, NULL)
-        self._rows(self.obs, obs, h_obs, NULL)
+        if obs is None:
+            h_obs.fill(WITHHELD_DIGEST)
+        else:
+            self._rows(self.obs, obs, h_obs, NULL)
         po = <uint64_t *>cnp.PyArray_DATA(h_obs)
         pa = <uint64_t *>cnp.PyArray_DATA(h_act)
         buf = <StreamBuffer>self.buffers[i]

@@ -81,6 +81,7 @@ def blake2b64(data):
 
 MISSING_DIGEST = blake2b64(S.MISSING_MESSAGE)
 INVALID_DIGEST = blake2b64(S.INVALID_MESSAGE)
+WITHHELD_DIGEST = blake2b64(S.WITHHELD_MESSAGE)
 
 
 def dtype_tag(dtype):
@@ -614,17 +615,18 @@ class VectorRecorder:
         return self.step_same(obs, rewards, {})
 
     def env_reset(self, i, obs):
-        """Record a reset of env i that returned ``obs``."""
+        """Record a reset of env i that returned ``obs`` (None: withheld from the trainer, WITHHELD_DIGEST)."""
         if not 0 <= i < self.n:
             raise IndexError("env %d is not one of the %d envs" % (i, self.n))
-        h = _digest_value(self.obs_layout, obs)
+        h = WITHHELD_DIGEST if obs is None else _digest_value(self.obs_layout, obs)
         self.last_obs[i], self.pending[i] = h, False
         self.counts[i] += 1
         return self.buffers[i].append(S.KIND_RESET, h, S.NO_DIGEST, reward_bits(0.0, self.is_f32), False, False)
 
     def env_steps(self, i, actions, obs, rewards, terminated, truncated):
         """Record m steps of env i: ``actions`` and ``obs`` batched over the m steps
-        (a leading axis of m), ``rewards``, ``terminated`` and ``truncated`` of m each."""
+        (a leading axis of m), ``rewards``, ``terminated`` and ``truncated`` of m each;
+        ``obs`` None: the library withheld the observations (each gets WITHHELD_DIGEST)."""
         rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
         m = rewards.shape[0]
         if not 0 <= i < self.n:
@@ -639,7 +641,10 @@ class VectorRecorder:
             return _due()
         h_act, h_obs = np.empty(m, dtype=np.uint64), np.empty(m, dtype=np.uint64)
         self._rows(self.act_layout, actions, h_act)
-        self._rows(self.obs_layout, obs, h_obs)
+        if obs is None:
+            h_obs.fill(WITHHELD_DIGEST)
+        else:
+            self._rows(self.obs_layout, obs, h_obs)
         over = False
         for k in range(m):
             over |= self.buffers[i].append(S.KIND_STEP, int(h_obs[k]), int(h_act[k]),

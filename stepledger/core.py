@@ -40,6 +40,7 @@ set_deadline = _impl.set_deadline
 deadline = _impl.deadline
 MISSING_DIGEST = _impl.MISSING_DIGEST
 INVALID_DIGEST = _impl.INVALID_DIGEST
+WITHHELD_DIGEST = _impl.WITHHELD_DIGEST
 
 if os.environ.get(ENV_MEMORY_LIMIT):
     set_memory_limit(int(os.environ[ENV_MEMORY_LIMIT]))

@@ -27,3 +27,8 @@ class SettingsError(LedgerError):
 
     Raised by compare, and by the live check at an env's first token.
     """
+
+
+class WorkerLost(LedgerError):
+    """A worker process or Ray task comparing some of the envs ended before it was done: the comparison is
+    not whole, so no report is given (the command line exits 2, as for any comparison it cannot make)."""

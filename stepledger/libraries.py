@@ -33,6 +33,7 @@ LIBRARIES = (
     "pettingzoo",
     "rllib",
     "tianshou",
+    "torchrl",
 )
 
 

@@ -30,25 +30,51 @@ WRAPPERS_BY_FIELD = {f: ", ".join(_examples(f, "gymnasium") + _examples(f, "stab
                      for f in ("obs", "reward", "action")}
 
 INDEX_QUESTION = "is index= each env's position in the vector env?"
-COPY_INDEX_QUESTION = ("is each LedgerParallelEnv's index its env copy's position in the vector env "
-                       "(index_supersuit_copies(venv) gives copy c index c, in SuperSuit's worker processes too)?")
+
+
+def copy_index_question(recorder=None):
+    """The question an index hint of a multi-agent env side asks; ``recorder``: its class (``agent_recorder``)."""
+    return ("is each %s's index its env copy's position in the vector env (index_supersuit_copies(venv) gives "
+            "copy c index c, in SuperSuit's worker processes too)?" % (recorder or AGENT_RECORDER))
+
+
 PLACEMENT = ("put the trainer-side ledger innermost, directly around the vector env, and LedgerEnv outermost in "
              "the worker")
 # What moving a wrapper out of the two ledgers stops checking: every hint that advises a move says it.
 NOT_CHECKED = "no longer checked (a fault in it would no longer show)"
 
-# Multi-agent (stepledger.pettingzoo): what sits between LedgerParallelEnv and the trainer-side ledger and
-# changes values on purpose, by what it changes, and where the two ledgers go instead.
-def _agent_examples(field):
-    text = "SuperSuit's %s around LedgerParallelEnv" % " or ".join(_examples(field, "supersuit", 2))
+# Multi-agent (stepledger.pettingzoo): the env-side class a hint names, by the class a multi-agent env ledger
+# says recorded it (its meta's recorded_by), with the name of the env it wraps in the hints' examples and where
+# the trainer-side ledger goes; a file that names none is LedgerParallelEnv's (the only class before LedgerAECEnv)
+AGENT_RECORDER = "LedgerParallelEnv"
+_AGENT_RECORDERS = {
+    "LedgerParallelEnv": ("par_env", "directly around SuperSuit's vector env"),
+    "LedgerAECEnv": ("aec_env", "where the trainer is handed the turns (TurnLedger in an agent_iter loop, or "
+                                "directly around the vector env after aec_to_parallel)"),
+}
+
+
+def agent_recorder(meta):
+    """The env-side class a multi-agent env ledger's hints name: its meta's ``recorded_by`` where that is one
+    of stepledger's, else LedgerParallelEnv."""
+    name = meta.get(S.META_RECORDED_BY)
+    return name if name in _AGENT_RECORDERS else AGENT_RECORDER
+
+
+# what sits between the env-side class and the trainer-side ledger and changes values on purpose, by what it
+# changes, and where the two ledgers go instead
+def agent_wrappers(field, recorder=None):
+    text = "SuperSuit's %s around %s" % (" or ".join(_examples(field, "supersuit", 2)), recorder or AGENT_RECORDER)
     sb3 = [n for n in _examples(field, "stable_baselines3", 1)]
     return text + (", or %s on the vector env" % sb3[0] if sb3 else "")
 
 
-AGENT_WRAPPERS_BY_FIELD = {f: _agent_examples(f) for f in ("obs", "reward", "action")}
-AGENT_PLACEMENT = ("put LedgerParallelEnv around the SuperSuit wrappers that change values on purpose "
-                   "(LedgerParallelEnv(normalize_obs_v0(par_env), directory)), and the trainer-side ledger directly "
-                   "around SuperSuit's vector env; what a wrapper moved out does is then " + NOT_CHECKED)
+def agent_placement(recorder=None):
+    recorder = recorder or AGENT_RECORDER
+    env, trainer = _AGENT_RECORDERS[recorder]
+    return ("put %s around the SuperSuit wrappers that change values on purpose (%s(normalize_obs_v0(%s), "
+            "directory)), and the trainer-side ledger %s; what a wrapper moved out does is then %s"
+            % (recorder, recorder, env, trainer, NOT_CHECKED))
 
 
 def _and(items):
@@ -61,6 +87,7 @@ def _and(items):
 # ---------------------------------------------------------------- wrong or duplicate index
 
 def _index_hint(parts, pairs, unmatched, duplicates=(), copies=False):
+    recorder = copies if isinstance(copies, str) else None
     text = _and(parts)
     unit = "env copy" if copies else "env"
     by_index: dict[int, list[int]] = {}
@@ -74,7 +101,7 @@ def _index_hint(parts, pairs, unmatched, duplicates=(), copies=False):
     if dups:
         text += "; index=%s was given to more than one %s%s" % (
             _and(str(i) for i in dups), unit, " (their ledger files overwrite each other)" if duplicates else "")
-    return "hint: %s: %s" % (text, COPY_INDEX_QUESTION if copies else INDEX_QUESTION)
+    return "hint: %s: %s" % (text, copy_index_question(recorder) if copies else INDEX_QUESTION)
 
 
 def index_hint(pairs, unmatched=(), duplicates=(), copies=False):
@@ -85,7 +112,8 @@ def index_hint(pairs, unmatched=(), duplicates=(), copies=False):
     ``duplicates`` the indices that more than one env was given (their files
     overwrote each other). With ``copies``, of a multi-agent env side: each
     file is an env copy's, whose every agent stream matches those of another
-    env copy of the trainer's.
+    env copy of the trainer's (``copies`` may be the env side's class,
+    ``agent_recorder``, which the hint names).
     """
     unit = "env copy" if copies else "env"
     parts = ["env-%d.npz %s %s %d" % (idx, "matches the trainer's" if k == 0 else "its", unit, env)
@@ -104,6 +132,15 @@ def duplicate_live_index(env, index, other):
     """A live token of an index another trainer env already receives."""
     return ("env %d receives the live tokens of LedgerEnv(index=%d), as env %d does: two envs were given "
             "index=%d; %s" % (env, index, other, index, INDEX_QUESTION))
+
+
+def recorded_beside(path, pid, beside, live):
+    """A recording that finds its path held by another writer (``live``: recording it now; else one that wrote it
+    while this one recorded, closed since) records ``beside`` it instead."""
+    held = "is being recorded by another ledger (process %s) right now" % pid if live else \
+        "was written by another ledger (process %s) while this one recorded" % pid
+    return ("stepledger: %s %s; this one records %s instead, and compare will name both: give each env its own "
+            "index=" % (path, held, beside))
 
 
 def overwritten_ledger(path, index):
@@ -194,14 +231,16 @@ def checked_wrapper_warning(owner, names, outside=False):
                "it" if one else "each", NOT_CHECKED, ", ".join(names)))
 
 
-def every_env_hint(field, n_envs, agent_streams=False, wrappers=()):
+def every_env_hint(field, n_envs, agent_streams=False, wrappers=(), recorder=None):
     """Every env (every agent stream of a multi-agent env ledger) differs in the same field from its first
     events. ``wrappers``: those the trainer-side ledger found between the two ledgers when it was built (its
     meta's ``wrappers``, stack.check_placement): named as changing values on purpose where the table (or the
-    user) says so, else as on the checked side, their differences their doing."""
+    user) says so, else as on the checked side, their differences their doing. ``recorder``: the multi-agent
+    env side's class (``agent_recorder``)."""
     kind = _FIELD_WORDS.get(field, field)
-    between = "LedgerParallelEnv and the trainer-side ledger" if agent_streams else "the two ledgers"
-    placement = AGENT_PLACEMENT if agent_streams else PLACEMENT
+    recorder = recorder or AGENT_RECORDER
+    between = "%s and the trainer-side ledger" % recorder if agent_streams else "the two ledgers"
+    placement = agent_placement(recorder) if agent_streams else PLACEMENT
     if agent_streams:
         who = "all %d agent streams differ" % n_envs if n_envs > 1 else "the agent stream differs"
     else:
@@ -227,7 +266,8 @@ def every_env_hint(field, n_envs, agent_streams=False, wrappers=()):
                 % (who, field, _and(others), "s" if one else "", between, "its" if one else "their",
                    "it" if one else "them", "inside LedgerEnv" if outside else "out of the two ledgers",
                    "its" if one else "their", "it" if one else "each", NOT_CHECKED))
-    wrappers_text = (AGENT_WRAPPERS_BY_FIELD if agent_streams else WRAPPERS_BY_FIELD).get(field)
+    wrappers_text = (agent_wrappers(field, recorder) if field in WRAPPERS_BY_FIELD else None) if agent_streams \
+        else WRAPPERS_BY_FIELD.get(field)
     cause = ("something between %s changes %s from the first events on: a wrapper that changes them on purpose%s "
              "does that, and so does a fault in anything else between them" % (
                  between, kind, " (%s)" % wrappers_text if wrappers_text else ""))
@@ -240,12 +280,16 @@ TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True 
                    "TimeLimit (or another wrapper that ends episodes) outside LedgerEnv does that; put LedgerEnv "
                    "outermost in the worker, after TimeLimit: its episode ends are then the env's, and only their "
                    "way to the trainer is checked")
-# the same with multi-agent env ledgers: PettingZoo has no TimeLimit; a parallel env wrapper ends the episodes
-AGENT_TIME_LIMIT_HINT = ("hint: only truncated differs, and the trainer received True where the env gave False: a "
-                         "wrapper that ends episodes (a time limit) between LedgerParallelEnv and the trainer-side "
-                         "ledger does that; put LedgerParallelEnv around it (LedgerParallelEnv(time_limit(par_env), "
-                         "directory)): its episode ends are then the env's, and only their way to the trainer is "
-                         "checked")
+
+
+def agent_time_limit_hint(recorder=None):
+    """TIME_LIMIT_HINT with multi-agent env ledgers (``recorder``: their class, ``agent_recorder``): PettingZoo
+    has no TimeLimit; a wrapper of the PettingZoo env ends the episodes."""
+    recorder = recorder or AGENT_RECORDER
+    return ("hint: only truncated differs, and the trainer received True where the env gave False: a wrapper that "
+            "ends episodes (a time limit) between %s and the trainer-side ledger does that; put %s around it "
+            "(%s(time_limit(%s), directory)): its episode ends are then the env's, and only their way to the "
+            "trainer is checked" % (recorder, recorder, recorder, _AGENT_RECORDERS[recorder][0]))
 
 TRUNCATION_AS_TERMINATION_HINT = (
     "hint: truncation arrived as termination: at each of these steps the env truncated the episode and the "
@@ -374,15 +418,17 @@ SETTING_NAMES = {S.META_REWARD_DTYPE: "reward dtype", S.META_OBS_SPACE: "observa
 
 def different_settings(key, env_text, trainer_text, agent_streams=False):
     """The two sides recorded with different settings: offline compare and the live check both say this.
-    ``agent_streams``: the env side is multi-agent (stepledger.pettingzoo)."""
+    ``agent_streams``: the env side is multi-agent (stepledger.pettingzoo): True, or the class that recorded
+    it (``agent_recorder``)."""
+    recorder = agent_streams if isinstance(agent_streams, str) else AGENT_RECORDER
     msg = "the two sides recorded different %ss: env %s, trainer %s" % (SETTING_NAMES[key], env_text, trainer_text)
     if key == S.META_REWARD_DTYPE:
         return msg + "; pass the same reward_dtype to both sides"
     if agent_streams:
-        return msg + ("; a wrapper that changes the space (SuperSuit's %s, ... around LedgerParallelEnv, or %s on "
-                      "the vector env) probably sits between LedgerParallelEnv and the trainer-side ledger: %s"
-                      % (", ".join(_examples("space", "supersuit")), _examples("space", "stable_baselines3", 1)[0],
-                         AGENT_PLACEMENT))
+        return msg + ("; a wrapper that changes the space (SuperSuit's %s, ... around %s, or %s on the vector "
+                      "env) probably sits between %s and the trainer-side ledger: %s"
+                      % (", ".join(_examples("space", "supersuit")), recorder,
+                         _examples("space", "stable_baselines3", 1)[0], recorder, agent_placement(recorder)))
     return msg + ("; a wrapper that changes the space (%s, ...) probably sits between a ledger and the vector env: "
                   "%s; what it then does is %s" % (", ".join(_examples("space", "gymnasium", 2) + _examples(
                       "space", "stable_baselines3", 1)), PLACEMENT, NOT_CHECKED))
@@ -399,7 +445,8 @@ def settings_difference(env_meta, trainer_meta):
     if found is None:
         return None
     key, env_text, trainer_text = found
-    return different_settings(key, env_text, trainer_text, bool(env_meta.get(S.META_POSSIBLE_AGENTS)))
+    return different_settings(key, env_text, trainer_text,
+                              agent_recorder(env_meta) if env_meta.get(S.META_POSSIBLE_AGENTS) else False)
 
 
 def differing_setting(a_meta, b_meta):
@@ -428,14 +475,23 @@ def stream_name(env, agents=None):
     return "env %d" % env
 
 
+def position(episode, step):
+    """Where an event is in its stream: ``episode 0, step 13``."""
+    return "episode %d, step %d" % (episode, step)
+
+
 def place(env, episode, step, agents=None):
     """Where an event is, as every report line names it."""
-    return "%s, episode %d, step %d" % (stream_name(env, agents), episode, step)
+    return "%s, %s" % (stream_name(env, agents), position(episode, step))
 
 
 def kind_text(kind):
     kind = int(kind)
     return S.KIND_NAMES.get(kind, str(kind))
+
+
+ENV_GAVE, TRAINER_RECEIVED = "env gave", "trainer received"  # both sides' values, as every report names them
+FIRST_AT = "first at"  # the first element of a kept value that differs
 
 
 def difference_line(env, episode, step, fields, env_values, trainer_values, detail=None, agents=None):
@@ -452,9 +508,9 @@ def difference_line(env, episode, step, fields, env_values, trainer_values, deta
     if known:
         parts = []
         for f in known:
-            gave = "env gave %s, trainer received %s" % (env_values[f], trainer_values[f])
+            gave = "%s %s, %s %s" % (ENV_GAVE, env_values[f], TRAINER_RECEIVED, trainer_values[f])
             if f in detail:
-                gave += ", first at %s" % detail[f]
+                gave += ", %s %s" % (FIRST_AT, detail[f])
             parts.append(gave if len(fields) == 1 else "%s: %s" % (f, gave))
         text += " (" + "; ".join(parts) + ")"
     return text
@@ -471,6 +527,16 @@ def no_env_ledger_yet(env, events):
     """A trainer stream of a run in progress whose env has no ledger of this run yet."""
     return ("env %d: no env ledger of this run yet (the trainer ledger is in progress, %s events so far): not "
             "compared" % (env, f"{events:,}"))
+
+
+def withheld_obs(counts):
+    """Observations the library withheld from the trainer, as it says it does (per env, how many)."""
+    total = sum(counts.values())
+    envs = ", ".join(str(e) for e in sorted(counts))
+    return ("%s the trainer never had, withheld by the library as it says it does (a final observation under "
+            "TorchRL's auto_reset or compact_obs, or the reset after a collector's last batch), in env%s %s: "
+            "the env's were taken in their place, not a difference"
+            % ("%d observation%s" % (total, "" if total == 1 else "s"), "s" if len(counts) > 1 else "", envs))
 
 
 def length_line(env, episode, step, env_events, trainer_events, agents=None):
@@ -546,7 +612,12 @@ def agents_differ(differences):
 def envs_differ(n_differ, n_envs, agent_streams=False):
     """The count line: how many of the compared streams differ. Each stream of a multi-agent env ledger
     (stepledger.pettingzoo) is one agent of one env copy, not an env: there, "agent streams"."""
-    return "%d of %d %s differ" % (n_differ, n_envs, "agent streams" if agent_streams else "envs")
+    return "%d of %d %s differ" % (n_differ, n_envs, streams_word(agent_streams))
+
+
+def streams_word(agent_streams=False):
+    """What a report counts: envs, or the agent streams of multi-agent env ledgers."""
+    return "agent streams" if agent_streams else "envs"
 
 
 VALUES_HINT = "hint: record with keep_values=True on both sides to see the observations and actions that differ"
@@ -583,6 +654,39 @@ ENDED = {S.STATE_INTERRUPTED: "interrupted (an exception escaped a step or reset
          S.STATE_EXIT: "written as its process exited without close()",
          S.STATE_SIGNAL: "written when its process got SIGTERM"}
 IN_PROGRESS = "in progress"
+
+
+def _cut_by(interrupted_by):
+    """What escaped a recorded step or reset (its meta's interrupted_by), in the user's terms."""
+    if interrupted_by == "KeyboardInterrupt":
+        return "Ctrl-C"
+    return "an exception (%s)" % interrupted_by if interrupted_by not in (None, "Exception") else "an exception"
+
+
+def ended(state, interrupted_by=None):
+    """How a recording had ended when its file was written (ENDED), and what cut its run short where it knows."""
+    text = ENDED.get(state)
+    if text is None or interrupted_by is None:
+        return text
+    if state == S.STATE_INTERRUPTED:
+        return "interrupted (%s escaped a step or reset)" % _cut_by(interrupted_by)
+    return "%s, after %s" % (text, _cut_by(interrupted_by))
+
+
+def ended_by_trainer(trainer_state, interrupted_by, parent):
+    """An env ledger written on SIGTERM in a worker process whose parent was the trainer's process (pid ``parent``),
+    whose ledger ended ``trainer_state``: the trainer's process ended its workers, as vector envs do."""
+    after = " after %s" % _cut_by(interrupted_by) if interrupted_by is not None else ""
+    if trainer_state == S.STATE_SIGNAL:
+        return ("written when its process got SIGTERM, as the trainer's process (pid %d, its parent) did: a kill or "
+                "a scheduler's signal; the trainer's process ends its workers then" % parent)
+    how = {S.STATE_EXIT: ", which exited without close()%s" % after,
+           S.STATE_INTERRUPTED: ", which closed%s" % after,
+           S.STATE_CLOSED: ", which closed the vector env",
+           S.STATE_OPEN: ", while the trainer ledger was open"}.get(trainer_state, "")
+    return ("ended by the trainer's process (pid %d, its parent)%s: a vector env ends its worker processes with "
+            "SIGTERM when the program exits, closes it or lets go of it (AsyncVectorEnv, SubprocVecEnv), and each "
+            "wrote its ledger then" % (parent, how))
 
 
 def still_open(alive):
@@ -623,6 +727,26 @@ def spill_next_to_final(n_segments, final):
             "hold%s more" % (n_segments, "" if one else "s", final, "it is" if one else "they are", "s" if one else ""))
 
 
+# ---------------------------------------------------------------- how compare runs (report/parallel.py)
+
+def bad_jobs(given):
+    """``given``: the argument as the user wrote it (``jobs=0``; on the command line, its value: ``'0'``)."""
+    return "%s: the number of worker processes must be a whole number, 1 or more" % given
+
+
+def worker_lost(who, how, first_env, last_env):
+    envs = "env %d" % first_env if first_env == last_env else "envs %d to %d" % (first_env, last_env)
+    return ("the compare worker (%s) comparing %s ended before it was done (%s): the comparison is not whole, "
+            "so no report is given; compare again" % (who, envs, how))
+
+
+RAY_MISSING = "ray= (--ray) needs Ray, which is not installed here: pip install \"ray>=2\""
+
+
+def ray_unreachable(address, why):
+    return "the Ray cluster at %s cannot be joined (%s)" % (address, why)
+
+
 def not_compared(name, reason):
     return "%s %s: not compared" % (name, reason)
 
@@ -661,6 +785,25 @@ def recorded_twice(name, index):
     """A second recording of one index at the same time (env-N.dup-*.npz)."""
     return ("%s and env-%d.npz both recorded env %d at the same time: two LedgerEnvs were given index=%d; %s was "
             "not compared" % (name, index, index, index, name))
+
+
+# How a copy of a recorded env was made (its meta's copy), for compare's line naming it (docs/INDICES.md).
+COPY_MADE = {S.COPY_PICKLED: "unpickled or deep-copied",
+             S.COPY_REBUILT: "built while env-{index}.npz was being recorded in its process: env.spec.make(), "
+                             "gym.make(env.spec), gymnasium's check_env, an evaluation env from the same factory"}
+
+
+def recorded_copy(name, index, events, made=None):
+    """A copy of env ``index``'s LedgerEnv that recorded ``events`` of its own (env-N.copy-*.npz), or a second
+    LedgerEnv of env ``index`` that the trainer side never linked (``made`` None: an evaluation env built from the
+    training env's factory, most likely): named, not compared, not a difference."""
+    if made is None:
+        what = ("another LedgerEnv of env %d, not one of the trainer side's envs (an evaluation env built from the "
+                "training env's factory, say)" % index)
+    else:
+        what = "a copy of env %d's LedgerEnv (%s)" % (index, COPY_MADE.get(made, made).format(index=index))
+    return "%s: %s, recorded %s event%s of its own: not compared (docs/INDICES.md)" % (
+        name, what, f"{events:,}", "" if events == 1 else "s")
 
 
 def told_position(index, position):
@@ -843,6 +986,8 @@ def digest_text(h):
         return "missing"
     if h == core.INVALID_DIGEST:
         return "invalid"
+    if h == core.WITHHELD_DIGEST:
+        return "withheld"
     return None
 
 
@@ -1004,3 +1149,58 @@ def different_trainer_settings(name, first, what, text, first_text):
 def earlier_trainer_run(name, written, began, newest):
     return ("%s is from an earlier run (written %s, before %s began at %s): not compared"
             % (name, written, newest, began))
+
+
+# ---------------------------------------------------------------- stepledger show
+
+def count(n, word, many=None):
+    """``n`` and its noun, singular or plural: "1 event", "1,204 events", "2 episodes started"."""
+    if n == 1:
+        return "1 %s" % word
+    return "%s %s" % (f"{n:,}", many if many is not None else word + "s")
+
+
+def show_date(t):
+    """A Unix time as show prints it: a local date and time (the meta holds the number)."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def show_streams(n_streams, n_empty, events):
+    """show FILE: how many streams and events, the streams with no events counted, not listed one by one."""
+    empty = " (%s with no events, not listed)" % f"{n_empty:,}" if n_empty else ""
+    return "  %s%s, %s" % (count(n_streams, "stream"), empty, count(events, "event"))
+
+
+def show_stream(env, events, resets):
+    """show FILE: one stream that has events."""
+    return "  env %d: %s, %s, %s" % (env, count(events, "event"), count(resets, "episode started", "episodes started"),
+                                     count(events - resets, "step"))
+
+
+def show_directory(path, n_env, n_trainer, n_other, events, partial=False):
+    """show DIR: the head line, a directory of ledgers (``partial``: some read from their spilled segments)."""
+    parts = [count(n, word) for n, word in ((n_env, "env ledger"), (n_trainer, "trainer ledger"),
+                                            (n_other, "other ledger")) if n or word == "env ledger"]
+    return "%s: a directory of %s, %s%s" % (path, _and(parts), count(events, "event"),
+                                           ", partial (some read from spilled segments)" if partial else "")
+
+
+def show_ledger(name, what, events, resets, ended, started, updated, pid):
+    """show DIR: one line per ledger. ``what``: whose it is (env 3, a copy of env 0's LedgerEnv, trainer side...);
+    ``resets`` None where not counted; ``ended``: how its recording ended (None: closed)."""
+    counts = count(events, "event")
+    if resets is not None:
+        counts += " (%s, %s)" % (count(resets, "episode started", "episodes started"), count(events - resets, "step"))
+    first, last = show_date(started), show_date(updated)
+    if first[:10] == last[:10] and first != "unknown":
+        last = last[11:]  # the same day: its time only
+    return "  %s: %s, %s, %s, %s to %s%s" % (
+        name, what, counts, ended or "closed", first, last, ", process %d" % pid if isinstance(pid, int) else "")
+
+
+def show_trainer_streams(n_streams, n_empty):
+    """show DIR: a trainer ledger's streams, those with no events counted."""
+    return "trainer side, %s%s" % (count(n_streams, "stream"), " (%s with no events)" % f"{n_empty:,}"
+                                   if n_empty else "")

@@ -17,6 +17,15 @@ from stepledger.faults import FaultyEnv, FaultyVectorEnv, read_record
 
 HARNESSES = ("async-next", "async-same", "sb3-subproc")
 N_ENVS = 2
+DOSES = ("one", 0.01, "all")  # one event, 1% of opportunities, every opportunity
+
+
+def steps_for(fault, dose):
+    """Vector steps enough that a 1% dose meets an opportunity: episode-end faults have few."""
+    if dose != 0.01:
+        return 60
+    ends = fault.split(":")[0] in ("final-obs", "terminated", "truncated")
+    return 3000 if ends else 400
 
 
 def env_for(fault):
@@ -87,3 +96,18 @@ def rollout(directory, harness, fault=None, dose="one", steps=60, seed=3, env_id
                 firsts[i] = rec
     report = compare(directory, trainer_file)
     return (report, firsts, live_faults) if live else (report, firsts)
+
+
+def assert_located(report, firsts, n_envs=N_ENVS):
+    """Every env a fault hit (``firsts``: env -> where it first changed a value) has compare's difference
+    located there (``is_located``), and every other env compares clean."""
+    from stepledger.faults.check import is_located
+    assert firsts, "the fault was never injected: no opportunity in this rollout"
+    assert not report.ok
+    by_env = report.by_env()
+    for env, first in firsts.items():
+        d = by_env.get(env)
+        assert d is not None, "env %d was hit (%s) but compare found no difference:\n%s" % (env, first, report)
+        assert is_located(d, first), "env %d hit at %s, compare said: %s" % (env, first, d.line())
+    for env in set(range(n_envs)) - set(firsts):  # envs the fault never touched compare clean
+        assert env not in by_env, by_env[env].line()

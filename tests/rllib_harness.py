@@ -10,7 +10,8 @@ iteration and train on, until the test SIGKILLs this process), vectorize ("sync"
 evaluation (evaluation runners, 0: none), recreate (SIGKILL that runner's process after the iterations and train on until RLlib has it back),
 fault (a dict for stepledger.rllib.inject) or faults (a list of them), algo ("PPO" or "DQN"), placement, seed,
 modules (multi-agent: "shared", every agent feeding one module, or "own", a module each; env then one of
-tests/rllib_ma_envs.py's, env_config its config). It prints one JSON line: a list of what each run did.
+tests/rllib_ma_envs.py's, env_config its config),
+live (instrument(..., live=True): the run's "metrics" are the live check's counts in RLlib's results). It prints one JSON line: a list of what each run did.
 """
 
 import glob
@@ -86,7 +87,7 @@ def run_one(spec):
     out = {"iterations": 0}
     config = config_for(spec)
     config = stepledger.rllib.instrument(config, spec["path"], flush_interval=spec.get("flush_interval"),
-                                         placement=spec.get("placement", "auto"))
+                                         placement=spec.get("placement", "auto"), live=spec.get("live", False))
     for fault in spec.get("faults") or ([spec["fault"]] if spec.get("fault") else []):
         config = stepledger.rllib.inject(config, **fault)
     algo = config.build_algo()
@@ -118,6 +119,9 @@ def run_one(spec):
         out["runner_pids_after"] = dict(algo.env_runner_group.foreach_env_runner(
             lambda r: (r.worker_index, os.getpid()), local_env_runner=False))
     out["env_steps"] = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+    if spec.get("live"):  # the live check's counts, as RLlib's metrics have them after the last iteration
+        from stepledger.recording.live import METRIC_CHECKED, METRIC_FAULTS
+        out["metrics"] = {name: result["env_runners"].get(name) for name in (METRIC_FAULTS, METRIC_CHECKED)}
     if spec.get("end", "stop") == "stop":
         algo.stop()
     else:
@@ -130,7 +134,7 @@ def main():
     specs = json.loads(sys.argv[1])
     specs = [specs] if isinstance(specs, dict) else specs
     assert all(s.get("end", "stop") == "stop" for s in specs[:-1]), "only the last run may end by shutdown or kill"
-    # address="local": a cluster of its own, never one another process on this machine started (ray start)
+    # a cluster of its own (address='local'), never one that another process left running on this machine
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     rllib_ma_envs.register()
     outs = []

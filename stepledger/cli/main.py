@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+from typing import Any
 
 from stepledger.report import jsonout as _jsonout
 from stepledger.format import schema as S
@@ -66,34 +67,127 @@ def _report(args, command, check):
     if args.junit:
         from stepledger.report.junit import write_junit
         write_junit(args.junit, report, "stepledger %s" % command)
+    if getattr(args, "html", None):
+        from stepledger.report.html import write_html
+        write_html(report, args.html, _compared(args))
     print(report.to_json() if args.json else str(report))
     if not report.ok:
         return EXIT_DIFFER
     return EXIT_OK if getattr(report, "complete", True) else EXIT_NOT_ALL
 
 
+def _jobs(text):
+    from stepledger.report.parallel import check_jobs
+    try:
+        return check_jobs(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(wording.bad_jobs(repr(text))) from None  # after "argument --jobs: "
+
+
+def _compared(args):
+    """What a compare compared, as its command line names it (the HTML page's title)."""
+    return " ".join(["stepledger compare", args.env_dir] + list(args.trainer_file))
+
+
 def _compare(args):
     from stepledger.report.compare import compare
     trainers = args.trainer_file[0] if len(args.trainer_file) == 1 else args.trainer_file
     return _report(args, "compare", lambda progress: compare(args.env_dir, trainers, count_all=args.all,
-                                                             progress=progress))
+                                                             progress=progress, jobs=args.jobs, ray=args.ray))
+
+
+def _stream_counts(ledger):
+    """[{"env", "events", "episodes", "steps"}] of each stream of a ledger read back."""
+    import numpy as np
+    streams = []
+    for idx, stream in ledger.streams.items():
+        n_events = n_resets = 0
+        for chunk in stream.chunks(names=("kind",)):
+            n_events += len(chunk["kind"])
+            n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
+        streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
+    return streams
+
+
+def _is_directory(path):
+    from stepledger.format import storage
+    text = storage.local_path(os.fspath(path))
+    if text.rstrip("/").endswith(".spill"):
+        return False
+    return storage.isdir(text) if storage.is_remote(text) else os.path.isdir(text)
+
+
+def _show_directory(args, ledger, streams, leftovers, left):
+    """``stepledger show DIR``: the directory as a directory, one line per ledger (docs/READING.md)."""
+    from stepledger.report.compare import how_it_ended
+    from stepledger.report.read import other_ledgers, read
+    others, unreadable = [], []
+    for path in other_ledgers(args.path):
+        try:
+            with read(path) as other:
+                others.append((os.path.basename(path), other.meta, _stream_counts(other), other.partial))
+        except LedgerError as exc:  # an episode log, a file that is not a ledger: named, the rest shown
+            unreadable.append((os.path.basename(path), str(exc)))
+    trainers = [meta for _, meta, _, _ in others if meta.get(S.META_SIDE) == "trainer"]
+    by_file: dict[str, list[Any]] = {}  # a multi-agent env ledger holds a stream per agent
+    for s in streams:
+        by_file.setdefault(ledger.origin.get(s["env"], "env-%d.npz" % s["env"]), []).append(s)
+    ledgers: list[tuple[Any, ...]] = []  # (name, meta, streams, partial, what, events, resets)
+    for name, counts in by_file.items():
+        meta = ledger.streams[counts[0]["env"]].meta
+        agents = meta.get(S.META_POSSIBLE_AGENTS)
+        what = "env %s" % name[4:-4] if not agents else "env %s, %s" % (name[4:-4], wording.count(len(agents), "agent"))
+        ledgers.append((name, meta, counts, None, what, sum(c["events"] for c in counts),
+                        sum(c["episodes"] for c in counts)))
+    for name, idx, meta in getattr(ledger, "duplicates", []):
+        copy = meta.get(S.META_COPY)
+        what = ("a copy of env %d's LedgerEnv (%s)" % (idx, wording.COPY_MADE[copy].format(index=idx).split(":")[0])
+                if copy in wording.COPY_MADE else "a second recording of env %d" % idx)
+        ledgers.append((name, meta, None, None, what, ledger.duplicate_events.get(name, 0), None))
+    for name, meta, events, _ in getattr(ledger, "unindexed", []):
+        ledgers.append((name, meta, None, None, "no index at its first event", events, None))
+    for name, meta, counts, partial in others:
+        empty = sum(1 for c in counts if not c["events"])
+        what = wording.show_trainer_streams(len(counts), empty) if meta.get(S.META_SIDE) == "trainer" else \
+            "%s side" % meta.get(S.META_SIDE)
+        events = sum(c["events"] for c in counts)
+        ledgers.append((name, meta, [c for c in counts if c["events"]], partial, what, events, None))
+    if args.json:
+        print(_jsonout.dumps({"path": ledger.path, "ledgers": [
+            {"name": name, "meta": meta, "events": events, "streams": counts, "partial": partial}
+            for name, meta, counts, partial, _, events, _ in ledgers],
+            "leftover_stages": leftovers[0], "leftovers": [{"name": n, "why": w} for n, w in left],
+            "not_read": [{"name": n, "why": w} for n, w in unreadable]}))
+        return EXIT_OK
+    print(wording.show_directory(ledger.path, len(ledgers) - len(others), len(trainers), len(others) - len(trainers),
+                                 sum(entry[5] for entry in ledgers),
+                                 ledger.partial or any(partial for _, _, _, partial in others)))
+    for name, meta, _, partial, what, events, resets in ledgers:
+        ended = how_it_ended(meta, trainers)
+        if partial:
+            ended = (ended or "closed") + ", partial (read from spilled segments)"
+        print(wording.show_ledger(name, what, events, resets, ended, meta.get(S.META_STARTED),
+                                  meta.get(S.META_UPDATED), meta.get(S.META_PID)))
+    for line in leftovers[1]:
+        print(line)
+    for name, why in left:
+        print("  not a ledger: %s (%s)" % (name, why))
+    for name, why in getattr(ledger, "skipped", []):
+        print("  not read: %s %s" % (name, why))
+    for name, why in unreadable:
+        print("  not read: %s (%s)" % (name, why))
+    return EXIT_OK
 
 
 def _show(args):
-    import numpy as np
-
     from stepledger.report.read import leftovers as leftover_files
     from stepledger.report.read import read
     with read(args.path) as ledger:
-        streams = []
-        for idx, stream in ledger.streams.items():
-            n_events = n_resets = 0
-            for chunk in stream.chunks(names=("kind",)):
-                n_events += len(chunk["kind"])
-                n_resets += int(np.count_nonzero(np.asarray(chunk["kind"]) == S.KIND_RESET))
-            streams.append({"env": idx, "events": n_events, "episodes": n_resets, "steps": n_events - n_resets})
+        streams = _stream_counts(ledger)
         leftovers = _leftover_stages(ledger.path)
         left = leftover_files(args.path)
+        if _is_directory(args.path):
+            return _show_directory(args, ledger, streams, leftovers, left)
         if args.json:
             print(_jsonout.dumps({"path": ledger.path, "partial": ledger.partial, "meta": ledger.meta,
                                   "streams": streams, "leftover_stages": leftovers[0],
@@ -104,10 +198,14 @@ def _show(args):
         print("%s: %s side%s" % (ledger.path, ledger.side, ", partial (read from spilled segments)"
                                  if ledger.partial else ""))
         for key in sorted(ledger.meta):
-            print("  %s: %s" % (key, json.dumps(_jsonout.plain(ledger.meta[key]), sort_keys=True)))
-        print("  %d streams, %d events" % (len(streams), sum(s["events"] for s in streams)))
-        for s in streams:
-            print("  env %d: %d events, %d episodes started, %d steps" % (s["env"], s["events"], s["episodes"], s["steps"]))
+            value = ledger.meta[key]
+            text = wording.show_date(value) if key in (S.META_STARTED, S.META_UPDATED) else \
+                json.dumps(_jsonout.plain(value), sort_keys=True)
+            print("  %s: %s" % (key, text))
+        shown = [s for s in streams if s["events"]]
+        print(wording.show_streams(len(streams), len(streams) - len(shown), sum(s["events"] for s in streams)))
+        for s in shown:
+            print(wording.show_stream(s["env"], s["events"], s["episodes"]))
         for line in leftovers[1]:
             print(line)
         for name, why in left:
@@ -170,6 +268,7 @@ def build_parser():
                               env must be in exactly one.""",
                  examples=["stepledger compare ledger ledger/trainer.npz",
                            "stepledger compare ledger ledger/trainer.npz --json --junit report.xml",
+                           "stepledger compare ledger ledger/trainer.npz --all --html report.html",
                            "stepledger compare ledger 'ledger/trainer-*.npz'",
                            "stepledger compare ledger ledger     (env-N.npz and trainer-*.npz together)"],
                  footer="exit codes: 0 no difference, 1 a difference, 2 cannot compare, 3 no difference in what was "
@@ -189,6 +288,17 @@ def build_parser():
     c.add_argument("--junit", metavar="FILE",
                    help="also write a JUnit XML report to FILE, one test case per env (on exit 2, one failing "
                         "test case that carries the error)")
+    c.add_argument("--jobs", metavar="N", type=_jobs, default=None,
+                   help="compare the envs in N worker processes (default: the cores this process may run on; a "
+                        "small compare runs in one process); the report is the same")
+    c.add_argument("--ray", metavar="ADDRESS", nargs="?", const=True, default=None,
+                   help="compare the envs as Ray tasks on the cluster at ADDRESS (without ADDRESS: the one "
+                        "RAY_ADDRESS names, or 'auto'), each task reading its ledgers from the path or URL "
+                        "itself; needs Ray")
+    c.add_argument("--html", metavar="FILE",
+                   help="also write the report as one self-contained HTML page to FILE: the summary, a row per "
+                        "stream with where it differs (with --all, where every difference falls), both sides' "
+                        "values (on exit 2, a page with the error)")
 
     s = _command(sub, "show", _show, "describe a ledger file or an env directory",
                  description="Print a ledger's meta, its streams and their event and episode counts.",
@@ -375,6 +485,12 @@ def _cannot(args, message):
         print(_jsonout.dumps({"ok": False, "error": message}))
     if getattr(args, "junit", None):
         _junit_of_error(args.junit, "stepledger %s" % args.command, message)
+    if getattr(args, "html", None):
+        from stepledger.report.html import write_html_error
+        try:
+            write_html_error(args.html, message, _compared(args))
+        except (OSError, ValueError):
+            pass
     print("stepledger: %s" % message, file=sys.stderr)
     return EXIT_CANNOT
 

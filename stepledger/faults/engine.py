@@ -81,7 +81,7 @@ def reported_fields(fault: str) -> set[str]:
 # What a step of the env must be for each fault to have an opportunity there: the engine strikes only
 # at such a step, and check_boundary says which kind of step a rollout lacked when a fault found none.
 _NEEDS = {"obs": "step", "action": "any", "reward": "any", "step": "any", "final-obs": "end",
-          "agent:pad": "end", "agent:swap": "any",
+          "agent:pad": "end", "agent:swap": "any", "agent:no-last": "end", "reward:ender": "end",
           "terminated:spurious": "step", "truncated:as-term": "truncation", "truncated:drop": "truncation",
           "terminated:drop": "termination", "terminated:as-trunc": "termination"}
 _MEETS: dict[str, Callable[[bool, bool], bool]] = {
@@ -193,7 +193,8 @@ def changed_value(value: Any, way: str, previous: Any, space: gs.Space[Any] | No
         if previous is None:
             return None
         new = _copy(previous)
-    elif way in ("swap", "reset"):  # another env's (agent's) value, or the reset obs that follows an end
+    elif way in ("swap", "reset", "others", "ender"):  # another env's (agent's) value, the reset obs that follows an
+        # end, or (turn-based) the reward an agent's own move gave, or 0 for the agent whose move ended the game
         if other is None:
             return None
         new = _copy(other)
@@ -530,6 +531,15 @@ AGENT_FAULTS = ("reward:drop",      # the agent's reward missing from the step's
                 "agent:swap")       # its event (obs, reward, flags) is the next agent's
 MULTIAGENT_FAULTS = tuple(f for f in ENV_SIDE_FAULTS
                           if f not in ("step:fill", "truncated:drop", "terminated:drop")) + AGENT_FAULTS
+# On one agent of a turn-based (AEC) env, between the env side and a trainer that reads last(): the value and
+# flag faults (not the swaps between envs, not step:fill; not the flag faults that make the trainer step a live
+# agent with None or a dead one with an action, which PettingZoo refuses with an error), and the turn-based
+# classes of the paper's Table I
+TURN_FAULTS = tuple(f for f in ENV_SIDE_FAULTS if f not in (
+    "step:fill", "terminated:spurious", "terminated:drop", "truncated:drop")) + (
+    "reward:others",  # the reward other agents' moves gave the agent since its action is dropped (Tianshou 399)
+    "reward:ender",   # the agent whose move ended the game gets reward 0 at its last turn (RLlib PR 31156)
+    "agent:no-last")  # a leaving agent's last turn (its end, before its None step) never reaches the trainer
 
 
 class Injector:

@@ -747,9 +747,12 @@ class LedgerFile:
     here; ``close()`` releases it.
     """
 
-    def __init__(self, path, verify=True):
+    def __init__(self, path, verify=True, checked=False):
         self.path = path
         self.verify = verify  # check the CRC of stored members read through in order
+        # checked: another reader (compare's parent process) has opened this very file and checked its small
+        # members; they are not inflated again here
+        self._checked = checked
         self.fd = None
         self._sources = {}
         self._verified_all = False
@@ -843,7 +846,7 @@ class LedgerFile:
                 if a.shape != (total,) or a.dtype != np.dtype("<u4") or len(b.shape) != 1 or b.dtype != np.uint8:
                     raise LedgerError("%s: members %s and %s must be (%d,) uint32 and a 1-d uint8 array"
                                       % (path, lengths, data, total))
-        if self.verify:
+        if self.verify and not self._checked:
             # Compressed members that are small once inflated are read through now, so that
             # their CRC is checked: a flipped byte can inflate without error, and some members
             # (the position columns) are not read by compare. Larger ones are checked when they
@@ -851,6 +854,9 @@ class LedgerFile:
             for name, e in self.members.items():
                 if e.method != _STORED and e.usize <= _VERIFY_AT_OPEN:
                     self.source(name).verify_whole()
+        # The small members are read: their inflaters (some 40 KB each) are not kept, so that a thousand
+        # open files take little memory until their columns are read
+        self.release()
 
     def verify_all(self):
         """Check the CRC-32 of every member this reader uses (once), reading each through in chunks."""
@@ -875,9 +881,14 @@ class LedgerFile:
             src.verify = self.verify
         return src
 
-    def close(self):
+    def release(self):
+        """Drop every member's read position (an inflater and its buffers); a later read starts afresh."""
         for src in self._sources.values():
             src._cursor = None
+            src._pos = 0
+
+    def close(self):
+        self.release()
         if self.fd is not None:
             fd, self.fd = self.fd, None
             os.close(fd)

@@ -196,9 +196,15 @@ def read_lock(path):
 
 
 def _same_run_writer(path, holder):
-    """The meta of the file at ``path`` if another recording of the run ``holder`` names wrote it, else None."""
+    """The meta of the file at ``path`` if another recording of the run ``holder`` names wrote it, else None.
+
+    Or if another recording wrote it while this one was recording (since ``holder``'s start), where one of the
+    two was never linked to a run: a second LedgerEnv of the index that no trainer side linked (an evaluation
+    env built from the training env's factory, docs/INDICES.md), before or after the one it linked. A file of
+    another run written meanwhile (two runs one after the other in one process) is replaced as before.
+    """
     run, writer = holder.get(S.META_RUN), holder.get(S.META_WRITER)
-    if run is None or not os.path.exists(path):
+    if not os.path.exists(path):
         return None
     try:
         from stepledger.format.ledgerfile import LedgerFile
@@ -209,7 +215,13 @@ def _same_run_writer(path, holder):
         meta = lf.meta
     finally:
         lf.close()
-    if meta.get(S.META_RUN) == run and meta.get(S.META_WRITER) not in (None, writer):
+    if meta.get(S.META_WRITER) in (None, writer):
+        return None
+    if run is not None and meta.get(S.META_RUN) == run:
+        return meta
+    updated, started = meta.get(S.META_UPDATED), holder.get(S.META_STARTED)
+    meanwhile = isinstance(updated, (int, float)) and isinstance(started, (int, float)) and updated >= started
+    if meanwhile and (run is None or meta.get(S.META_RUN) is None):
         return meta
     return None
 

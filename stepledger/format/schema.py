@@ -96,6 +96,7 @@ DIGEST_SIZE = 8
 # length of their dtype tag (2 or 3), these start with a zero byte.
 MISSING_MESSAGE = b"\x00missing"  # a value the trainer never received
 INVALID_MESSAGE = b"\x00invalid"  # a value that cannot be cast to its space
+WITHHELD_MESSAGE = b"\x00withheld"  # a final observation the library never gave the trainer, as it says it does
 # The action and reward fields of a reset event hold this.
 NO_DIGEST = 0
 
@@ -128,6 +129,7 @@ META_POSITION = "position"  # env side: its position in the trainer's vector env
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
 META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-agent env ledger
+META_RECORDED_BY = "recorded_by"  # multi-agent env side: the class that recorded it (LedgerParallelEnv, LedgerAECEnv)
 # trainer side: the wrappers it found between the two ledgers when it was built (stepledger.stack), each
 # {"name": class name, "deliberate": bool, "changes": [fields] or null, "where": "inside" | "around LedgerEnv"}
 META_WRAPPERS = "wrappers"
@@ -135,8 +137,22 @@ META_WRAPPERS = "wrappers"
 # row], ...]}, each pair saying that stream i's rows from ``row`` on are the env's events from ``offset`` on
 # (an event's offset: its place in the env's whole stream); compare stitches an env's slices by them
 META_FRAGMENTS = "fragments"
+# env side: this recording is a copy of a recorded env (docs/INDICES.md), made as COPIES says; it records
+# env-N.copy-{random}.npz, never the original's env-N.npz
+META_COPY = "copy"
+COPY_PICKLED = "pickled"  # an unpickled or deep-copied LedgerEnv
+COPY_REBUILT = "rebuilt"  # built while another LedgerEnv of this process recorded env-N.npz (env.spec.make(), ...)
+COPIES = (COPY_PICKLED, COPY_REBUILT)
+# how a recording's run was cut (docs/ENDINGS.md): the exception that escaped a step or reset it recorded, or
+# that ended its program (its class name: "KeyboardInterrupt" for a Ctrl-C), and, in a file written on SIGTERM, the writer's parent process
+# then (pid and start time), which compare holds against the trainer ledger's writer: the trainer's process
+# ending its vector env's workers, not a SIGTERM from outside
+META_INTERRUPTED_BY = "interrupted_by"
+META_PARENT_PID = "parent_pid"
+META_PARENT_START = "parent_pid_start"
 PER_FILE_META = (META_RUN, META_WRITER, META_STARTED, META_UPDATED, META_STATE, META_HOST, META_PID,
-                 META_PID_START, META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS)
+                 META_PID_START, META_POSITION, META_SEGMENT, META_THROUGH, META_FRAGMENTS, META_COPY,
+                 META_INTERRUPTED_BY, META_PARENT_PID, META_PARENT_START)
 
 # How a recording had ended when a file of it was written (META_STATE).
 STATE_OPEN = "open"                # still recording: written by a periodic spill, flush() or a merge
@@ -150,6 +166,7 @@ STATES = (STATE_OPEN, STATE_CLOSED, STATE_INTERRUPTED, STATE_EXIT, STATE_SIGNAL)
 TMP_INFIX = ".tmp-"        # NAME.tmp-{pid}-{pid_start}-{random}: a write in progress, or cut short
 LOCK_SUFFIX = ".lock"      # NAME.lock: the process recording NAME (JSON: pid, pid_start, host, writer)
 DUPLICATE_INFIX = ".dup-"  # env-3.dup-{writer}.npz: a second recording of env-3.npz at the same time
+COPY_INFIX = ".copy-"     # env-3.copy-{random}.npz: a copy of env 3's LedgerEnv (META_COPY)
 # env-unindexed-{random}.npz: a LedgerEnv that had no index at its first event (index= not given,
 # nor set_index(), nor the trainer side's link); its one stream has the placeholder env_index 0.
 UNINDEXED_PREFIX = "env-unindexed-"
@@ -253,8 +270,14 @@ META_KEYS = (
     MetaKey(META_PID_START, "int", required=(), minimum=0),
     MetaKey(META_POSITION, "int", required=(), minimum=0),
     MetaKey(META_THROUGH, "int", required=(), minimum=0),
+    MetaKey(META_COPY, "str", required=(), values=COPIES),
+    MetaKey(META_INTERRUPTED_BY, "str", required=()),
+    MetaKey(META_PARENT_PID, "int", required=(), minimum=0),
+    MetaKey(META_PARENT_START, "int", required=(), minimum=0),
     # multi-agent env side: the agent of each stream, in stream order (stepledger.pettingzoo)
     MetaKey(META_POSSIBLE_AGENTS, "strings", required=()),
+    # and the class that recorded it, which compare's hints name (files without it: LedgerParallelEnv's)
+    MetaKey(META_RECORDED_BY, "str", required=()),
     # the wrappers the trainer side found between the two ledgers (read by compare's hints only)
     MetaKey(META_WRAPPERS, "wrappers", required=()),
 )

@@ -76,6 +76,10 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
             loses at most about this much of its record.
     """
 
+    #: how this LedgerEnv is a copy of a recorded env (S.COPIES: unpickled or deep-copied, or rebuilt while
+    #: the original records in this process), or None; a copy records ``env-N.copy-{random}.npz``
+    _copy: str | None = None
+
     def __init__(self, env: gym.Env[Any, Any], directory: str | os.PathLike[str] | None, index: int | None = None,
                  reward_dtype: Any = np.float32, keep_values: bool = False, live: bool = False,
                  flush_interval: float | None = None) -> None:
@@ -124,15 +128,21 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
             # a URL stays a URL
             name = "env-%d.npz" % index if index is not None else S.UNINDEXED_PREFIX + os.urandom(4).hex() + ".npz"
             path = storage.join(directory, name)
-            if source not in ("index=", None):
+            if source not in ("index=", None) and self._copy is None:
                 # given later, so never a throwaway env built only for its spaces: a second LedgerEnv of this
                 # index in this process is a mistake (a vector env's call() gives every env the same index)
                 other = open_recording(path)
                 if other is not None:
                     raise LedgerError(wording.index_taken(index, other.path))
+            elif index is not None and self._copy is None and open_recording(path) is not None:
+                # built while another LedgerEnv of this process records this env (env.spec.make(),
+                # gym.make(env.spec), gymnasium's check_env, an evaluation env from the training env's factory)
+                self._copy = S.COPY_REBUILT
+            if self._copy is not None and index is not None:
+                path = storage.join(directory, "env-%d%s%s.npz" % (index, S.COPY_INFIX, os.urandom(4).hex()))
             recording = Recording(path, "env", [0 if index is None else index], self._obs_layout,
                                   self._act_layout, self._dtype, self._keep_values, interval=self._interval,
-                                  owner="LedgerEnv")
+                                  owner="LedgerEnv", extra_meta=None if self._copy is None else {S.META_COPY: self._copy})
             recording.deferred = source not in ("index=", None)
             buffer = recording.buffers[0]
             if self._link is not None:
@@ -141,6 +151,8 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._rec = core.EventRecorder(buffer, self._obs_layout, self._act_layout, self._dtype == np.float32, keep)
         self._recording, self._buffer = recording, buffer
         self.index, self._index_from, self._started = index, source, True
+        if index is not None:
+            self._saved_kwargs["index"] = index  # env.spec (gym.make(env.spec), check_env) builds this env again
         self._started_ns = time.time_ns()  # to notice another writer of the same file
         # sent once, with the first event's token, so that the trainer side can refuse other settings at once
         self._settings = settings_message(self._dtype.name, self._obs_layout, self._act_layout) if self.live \
@@ -268,6 +280,14 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._spill()
         return result  # the inner env's own tuple: building another costs more than the recording
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickling and ``copy.deepcopy`` carry the inner env and the ledger's arguments (its index once
+        given), not the recording: what is loaded (or the deep copy) is a copy of this env, which records
+        ``env-N.copy-{random}.npz`` of its own (docs/INDICES.md), never into this one's ledger."""
+        if type(self) is not LedgerEnv:
+            return super().__reduce__()
+        return _copy_of_ledger_env, (self.env, dict(self._saved_kwargs))
+
     def _step_again(self, obs, reward, terminated, truncated):
         # Values that cannot be digested are recorded as invalid inside the
         # recorder; what is left is flags with no truth value (an array).
@@ -319,6 +339,14 @@ class LedgerEnv(EnvAdapter, gym.Wrapper, gym.utils.RecordConstructorArgs):
             warnings.warn(wording.overwritten_ledger(self.ledger_path, self.index), RuntimeWarning, stacklevel=3)
 
     _closing = _warn_if_overwriting  # EnvAdapter.close calls it before the recording is closed
+
+
+def _copy_of_ledger_env(env: gym.Env[Any, Any], arguments: dict[str, Any]) -> LedgerEnv:
+    """A pickled or deep-copied LedgerEnv, loaded: a copy (S.COPY_PICKLED) around ``env``."""
+    copy = LedgerEnv.__new__(LedgerEnv)
+    copy._copy = S.COPY_PICKLED
+    LedgerEnv.__init__(copy, env, **arguments)
+    return copy
 
 
 class _FirstEvent:

@@ -158,9 +158,135 @@ def parallel_env_factory(module, max_cycles=None):
 
 
 
+class _AECEnvFactory:
+    """A picklable factory for ``MODULE.env()``, a PettingZoo turn-based env."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self):
+        import importlib
+        return importlib.import_module(self.module).env()
+
+
+def aec_env_factory(module):
+    """A factory for the turn-based env of PettingZoo env module ``module`` (``pettingzoo.classic.tictactoe_v3``):
+    its ``env()``; refuses (ValueError, one line) a module that cannot make one."""
+    import importlib
+    try:
+        if getattr(importlib.import_module(module), "env", None) is None:
+            raise ValueError("it has no env()")
+        env = _AECEnvFactory(module)()
+        if not getattr(env, "possible_agents", None):
+            raise ValueError("its env() has no possible_agents")
+        env.close()
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError("cannot make turn-based env %r: %s" % (module, text)) from None
+    return _AECEnvFactory(module)
+
+
+def _api(args):
+    """``--api``, or where it is not given: "parallel" for a module with parallel_env(), else "aec"."""
+    api = getattr(args, "api", None)
+    if api:
+        return api
+    import importlib
+    try:
+        module = importlib.import_module(args.env_id)
+    except Exception:
+        return "parallel"  # parallel_env_factory says what is wrong with the module
+    has = lambda name: getattr(module, name, None) is not None  # noqa: E731
+    return "aec" if has("env") and not has("parallel_env") else "parallel"
+
+
 def check_from_cli(args, progress):
-    """``stepledger check --trainer supersuit``: check_parallel on the env module ``args.env_id``."""
+    """``stepledger check --trainer supersuit``: check_parallel on the env module ``args.env_id``; on a turn-based
+    env (``--api aec``, or a module with no parallel_env(), such as PettingZoo's classic games), check_turns:
+    ``--steps`` games through the hand-written agent_iter loop."""
+    if _api(args) == "aec":
+        from stepledger.faults.engine import TURN_FAULTS
+        faults = faults_from(args.faults, TURN_FAULTS) if args.faults else None
+        return check_turns(aec_env_factory(args.env_id), games=args.steps, faults=faults, agent=args.agent,
+                           directory=args.dir, keep=args.keep, progress=progress)
     faults = faults_from(args.faults, MULTIAGENT_FAULTS) if args.faults else None
     env_fn = parallel_env_factory(args.env_id, args.max_episode_steps)
     return check_parallel(env_fn, form=args.form, copies=args.num_envs, num_cpus=args.num_cpus, steps=args.steps,
                           faults=faults, agent=args.agent, directory=args.dir, keep=args.keep, progress=progress)
+
+
+def turn_rollout(env_fn, games, directory, fault=None, agent=None, at=2, seed=0, dose="one"):
+    """``games`` games of ``env_fn()`` (a turn-based env) through the hand-written ``agent_iter`` loop, random
+    legal moves (the action mask where the observation or the info has one), LedgerAECEnv on the env side and TurnLedger
+    on the trainer side, FaultyAECEnv between them where ``fault``; returns (compare's report, where the fault
+    first struck, or None)."""
+    from stepledger.pettingzoo.aec import LedgerAECEnv, TurnLedger
+    from stepledger.pettingzoo.faults import FaultyAECEnv
+
+    env = LedgerAECEnv(env_fn(), directory, index=0)
+    injector = None
+    if fault is not None:
+        env = injector = FaultyAECEnv(env, fault, agent=agent, dose=dose, at=at, seed=seed)
+    agents = list(env.possible_agents)
+    trainer_file = os.path.join(directory, "trainer.npz")
+    turns = TurnLedger(trainer_file, agents, env.observation_space(agents[0]), env.action_space(agents[0]))
+    rng = np.random.default_rng(seed)
+    try:
+        for game in range(games):
+            env.reset(seed=seed + game)
+            turns.new_game()  # a step the trainer was never handed (agent:no-last) is dropped on its side
+            for who in env.agent_iter():
+                obs, reward, term, trunc, info = env.last()
+                turns.observed(who, obs, reward, term, trunc)
+                action = None
+                if not (term or trunc):
+                    # the action mask: in the observation dict (PettingZoo's classic games) or in info (Shimmy's
+                    # OpenSpiel games)
+                    mask = (obs if isinstance(obs, dict) else info if isinstance(info, dict) else {}).get(
+                        "action_mask")
+                    space = env.action_space(who)
+                    action = (int(rng.choice(np.flatnonzero(mask))) if mask is not None and np.any(mask)
+                              else space.sample())
+                turns.acted(who, action)
+                env.step(action)
+    finally:
+        env.close()
+        turns.close()
+    return compare(directory, trainer_file), None if injector is None else injector.first
+
+
+def check_turns(env_fn: Callable[[], Any], games: int = 6, faults: Sequence[str] | None = None,
+                agent: Hashable | None = None, at: int = 2, seed: int = 0,
+                directory: str | os.PathLike[str] | None = None, keep: bool = False,
+                progress: Any = None) -> CheckReport:
+    """``check_boundary`` for a PettingZoo turn-based env through the hand-written ``agent_iter`` loop.
+
+    Each fault of ``faults`` (default: every one of ``faults.TURN_FAULTS``) is injected by FaultyAECEnv
+    outside LedgerAECEnv, on agent ``agent`` (default: the last of possible_agents), at its first opportunity
+    at or after that agent's step ``at``; the report says whether compare named the agent, episode, step and
+    field.
+    """
+    from stepledger.faults.engine import TURN_FAULTS
+    for name, value in (("games", games), ("at", at)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (1 if name == "games" else 0):
+            raise ValueError("check_turns: %s must be a positive int, got %r" % (name, value))
+    faults = list(TURN_FAULTS) if faults is None else [check_fault(f, TURN_FAULTS, "check_turns") for f in faults]
+    probe = env_fn()
+    try:
+        agents = list(probe.possible_agents)
+    finally:
+        probe.close()
+    agent = agents[-1] if agent is None else agent
+    if agent not in agents:
+        raise ValueError("check_turns: agent %r is not one of possible_agents %r" % (agent, agents))
+    stream = agents.index(agent)
+    name = wording.stream_name(stream, agents)
+
+    def one(sub, fault):
+        return turn_rollout(env_fn, games, sub, fault, agent, at, seed)
+
+    def opportunity(fault, clean_dir):
+        term, trunc = clean_steps(clean_dir, 0, stream)
+        return no_opportunity(fault, term, trunc, at, name, lambda: None)
+
+    return run_check(one, faults, opportunity, directory, keep, games, progress, agents, "stepledger-check-turns-")

@@ -1,11 +1,12 @@
-"""PettingZoo's fault injector: ``FaultyParallelEnv``, on one agent of a parallel env, outside ``LedgerParallelEnv``.
+"""PettingZoo's fault injectors: ``FaultyParallelEnv``, on one agent of a parallel env, outside ``LedgerParallelEnv``;
+``FaultyAECEnv``, on one agent of a turn-based env, outside ``LedgerAECEnv``.
 
 It drives the library-free ``stepledger.faults.FaultEngine``; docs/FAULTS.md has the faults and doses.
 """
 
-from pettingzoo.utils import BaseParallelWrapper
+from pettingzoo.utils import BaseParallelWrapper, BaseWrapper
 
-from stepledger.faults.engine import MULTIAGENT_FAULTS, FaultEngine, Injector, zeros_like
+from stepledger.faults.engine import MULTIAGENT_FAULTS, TURN_FAULTS, FaultEngine, Injector, zeros_like
 from stepledger.recording.placement import own_attr
 
 
@@ -120,3 +121,96 @@ def _ledger_index(env):
         env = own_attr(env, "env")
     raise ValueError("FaultyParallelEnv: no index= and no LedgerParallelEnv inside that knows its index at the "
                      "first reset; give FaultyParallelEnv index= or the LedgerParallelEnv its index")
+
+
+class FaultyAECEnv(Injector, BaseWrapper):
+    """Injects one boundary fault on one agent of a PettingZoo turn-based (AEC) env, outside ``LedgerAECEnv``.
+
+    ``FaultyAECEnv(LedgerAECEnv(aec_env, d, index=0), "reward:others", agent="player_1")``: the faults
+    reach a trainer that reads ``last()`` (the ``agent_iter`` loop, Tianshou's ``PettingZooEnv``). An
+    agent's first turn is its reset; each of its later turns closes the step its action opened, and the
+    engine strikes there (``at`` counts the agent's steps). Besides ``TURN_FAULTS``' value and flag faults:
+    ``reward:others`` hands the agent only the reward its own move gave (what other agents' moves gave it
+    since is dropped, Tianshou issue 399's class), ``reward:ender`` gives the agent whose move ended the game
+    reward 0 at its last turn (RLlib PR 31156's class), and ``agent:no-last`` never hands a leaving agent
+    its last turn: the injector takes its ``None`` step itself.
+
+    Args:
+        env: the AEC env, already wrapped in LedgerAECEnv.
+        fault: one of ``TURN_FAULTS``.
+        index, agent, dose, at, target, seed, record: as for ``FaultyParallelEnv``.
+    """
+
+    def __init__(self, env, fault, index=None, agent=None, dose="one", at=2, target=0, seed=0, record=None):
+        super().__init__(env)
+        self._possible = list(env.possible_agents)
+        if agent is not None and agent not in self._possible:
+            raise ValueError("FaultyAECEnv: agent %r is not one of possible_agents %r" % (agent, self._possible))
+        self.index = None if index is None else int(index)
+        self.engine = FaultEngine(fault, dose, at, target, seed, record, env.action_space(self._possible[0]),
+                                  target_agent=agent, allowed=TURN_FAULTS, owner="FaultyAECEnv")
+        self.engine.where.agents = self._possible
+        self._seen, self._open, self._own, self._given = set(), set(), {}, {}
+        self._mover = None
+
+    def reset(self, seed=None, options=None, **kwargs):
+        self.env.reset(seed=seed, options=options, **kwargs)
+        if self.index is None:
+            self.index = _ledger_index(self.env)
+        if self.where.record and "{env}" in self.where.record:
+            self.where.record = self.where.record.replace("{env}", str(self.index))
+        self._seen, self._open, self._own, self._given = set(), set(), {}, {}
+        self._mover = None
+
+    def last(self, observe=True):
+        agent = self.env.agent_selection
+        given = self._given.get(agent)
+        if given is not None:  # the same turn asked for again
+            return given
+        obs, reward, te, tr, info = self.env.last(observe)
+        engine, i = self.engine, self.index
+        if agent not in self._seen:
+            self._seen.add(agent)
+            engine.reset(i, obs, agent=agent)
+        elif agent in self._open:
+            self._open.discard(agent)
+            other = None
+            if self.fault == "reward:others":
+                other = (obs, self._own.get(agent, 0.0))
+            elif self.fault == "reward:ender" and agent == self._mover:
+                other = (obs, 0.0)
+            obs, reward, te, tr = engine.step(i, obs, reward, te, tr, other=other, agent=agent)
+        self._given[agent] = given = (obs, reward, te, tr, info)
+        return given
+
+    def step(self, action):
+        env = self.env
+        agent = env.agent_selection
+        if agent not in self._given:
+            self.last()  # a turn taken without last(): the engine follows it all the same
+        self._given.pop(agent, None)
+        if action is not None:
+            action = self.engine.action(self.index, action, agent=agent)
+            self._open.add(agent)
+            self._mover = agent
+        env.step(action)
+        if action is not None:
+            self._own[agent] = env.rewards.get(agent, 0.0)
+        if self.fault == "agent:no-last":
+            self._skip_last_turns()
+
+    def _skip_last_turns(self):
+        """agent:no-last: a leaving agent whose step the dose draws is stepped with None here, its turn unseen."""
+        env, engine, i = self.env, self.engine, self.index
+        while env.agents:
+            agent = env.agent_selection
+            if agent not in self._open or not (env.terminations.get(agent) or env.truncations.get(agent)):
+                return
+            s = engine._open(i, agent)
+            if not s.drawn:
+                return
+            env.last()  # the env side records the turn, which the trainer never gets
+            engine._hit(s, i, agent, ["kind"])  # the trainer never gets that step: the next game starts for it
+            s.open = False
+            self._open.discard(agent)
+            env.step(None)

@@ -9,7 +9,8 @@ LIBRARY = Library(
     requires=("pettingzoo", "supersuit"),
     trainer="supersuit",
     trainer_help="a PettingZoo parallel env through SuperSuit's vector env of --form, --num-envs copies, random "
-                 "actions, each fault on one agent",
+                 "actions, each fault on one agent; a turn-based env (--api aec, or a module with no parallel_env(), "
+                 "such as pettingzoo.classic.tictactoe_v3) through the agent_iter loop, --steps games",
     check="stepledger.pettingzoo.check:check_from_cli",
     options=(
         ("--form", dict(choices=("gymnasium", "sb3"), default="gymnasium",
@@ -20,5 +21,9 @@ LIBRARY = Library(
         ("--agent", dict(help="with --trainer supersuit: the agent each fault is injected on (default: the last of "
                               "possible_agents); with --trainer rllib: ENV_ID is a registered multi-agent env whose "
                               "agents all feed one module, and each fault hits this agent (--place connector)")),
+        ("--api", dict(choices=("parallel", "aec"), default=None,
+                       help="with --trainer supersuit: the PettingZoo API checked, parallel (SuperSuit's vector "
+                            "envs) or aec (turn-based: LedgerAECEnv, the agent_iter loop and TurnLedger); default: "
+                            "parallel where the module has parallel_env(), else aec")),
     ),
 )

@@ -20,25 +20,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import warnings
-import weakref
 from typing import Any, Hashable, Sequence
 
 import numpy as np
 
 from stepledger.format import schema as S
-from stepledger import core
-from stepledger.format import storage
 from stepledger import wording
 from stepledger.errors import LedgerError
-from stepledger.recording.adapters import EnvAdapter, TrainerAdapter
-from stepledger.recording.live import settings_message
-from stepledger.recording.checks import check_directory, check_path, check_reward_dtype
-from stepledger.recording.checks import flush_interval as resolve_flush_interval
+from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.hooks import attend
-from stepledger.recording.recording import Recording
-from stepledger.format.spaces import LeafLayout
-from stepledger.recording.placement import own_attr, slot_infos
+from stepledger.recording.placement import check_placement, own_attr, slot_infos
 from stepledger.recording.trainer import SAME_STEP, OnFault
 
 # The oldest PettingZoo this module works with: the [pettingzoo] extra's (pyproject.toml says the same; a test
@@ -65,13 +56,9 @@ except ImportError as exc:  # exercised in a venv without PettingZoo, and in one
                       "install -U \"pettingzoo>=%s\" (or pip install \"plugrl-stepledger[pettingzoo]\")"
                       % (PETTINGZOO_NEEDS, _have, PETTINGZOO_NEEDS)) from exc
 
-__all__ = ["LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
+from stepledger.pettingzoo.streams import LOADED_COPIES, AgentLedger, agent_streams  # noqa: E402  (after the version check)
 
-
-def agent_streams(index: int, possible_agents: Sequence[Hashable]) -> dict[Hashable, int]:
-    """{agent: stream id} of env copy ``index``: SuperSuit's vector slot of each agent."""
-    n = len(possible_agents)
-    return {agent: index * n + k for k, agent in enumerate(possible_agents)}
+__all__ = ["AgentLedger", "LedgerParallelEnv", "LedgerSuperSuitVecEnv", "agent_streams", "index_supersuit_copies", "slot_map"]
 
 
 def slot_map(possible_agents: Sequence[Hashable], slots: Sequence[tuple[int, Hashable]]) -> list[int]:
@@ -122,24 +109,7 @@ def slot_map(possible_agents: Sequence[Hashable], slots: Sequence[tuple[int, Has
     return streams
 
 
-def _one_space(env, kind, agents):
-    """The space every agent shares (``kind`` is "observation" or "action"); a one-line error otherwise."""
-    spaces = [getattr(env, kind + "_space")(agent) for agent in agents]
-    for agent, space in zip(agents, spaces):
-        if space != spaces[0]:
-            raise LedgerError("LedgerParallelEnv: agents %r and %r have different %s spaces (%s, %s): a ledger "
-                              "records one space for all agents; pad them to one first (SuperSuit's "
-                              "pad_observations_v0 / pad_action_space_v0), as SuperSuit's vector envs need anyway"
-                              % (agents[0], agent, kind, spaces[0], space))
-    return spaces[0]
-
-
-# (pid, weakref) of each LedgerParallelEnv unpickled in this process, in order: the env copies SuperSuit builds
-# (one pickled env, loaded once per copy), which index_supersuit_copies numbers in a worker process
-_COPIES: list[tuple[int, weakref.ref[LedgerParallelEnv]]] = []
-
-
-class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
+class LedgerParallelEnv(AgentLedger, BaseParallelWrapper):
     """Records what each agent of a PettingZoo parallel env took and gave.
 
     Example::
@@ -167,75 +137,13 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
             with the settings and ``possible_agents``.
     """
 
+    owner = "LedgerParallelEnv"
+
     def __init__(self, env: Any, directory: str | os.PathLike[str], index: int | None = None,
                  reward_dtype: Any = np.float32, keep_values: bool = False, flush_interval: float | None = None,
                  live: bool = False) -> None:
         super().__init__(env)
-        agents = list(getattr(env, "possible_agents", None) or [])
-        if not agents:
-            raise LedgerError("LedgerParallelEnv: the env has no possible_agents; wrap the raw PettingZoo "
-                              "parallel env (its possible_agents lists every agent that can take part)")
-        directory = check_path(directory, "LedgerParallelEnv", "directory")
-        if not storage.is_remote(directory):
-            if os.path.splitext(directory)[1].lower() == ".npz" and not os.path.isdir(directory):
-                raise LedgerError("LedgerParallelEnv: directory %r looks like a ledger file; give the directory "
-                                  "the env ledgers go to" % (directory,))
-            check_directory(directory, "LedgerParallelEnv")
-        self._agents = agents
-        self._dtype = check_reward_dtype(reward_dtype, "LedgerParallelEnv")
-        self._interval = resolve_flush_interval(flush_interval, "LedgerParallelEnv")
-        self._obs_layout = LeafLayout(_one_space(env, "observation", agents), "LedgerParallelEnv: observation space")
-        self._act_layout = LeafLayout(_one_space(env, "action", agents), "LedgerParallelEnv: action space")
-        self._directory = directory
-        self._keep_values = bool(keep_values)
-        self._recording = None
-        self._recorders: dict[Any, Any] | None = None  # {agent: core.EventRecorder}
-        self._in_play: set[Any] = set()  # agents whose episode is under way (reset and not ended)
-        self.live = bool(live)
-        self._streams: dict[Any, int] | None = None  # {agent: stream id}, once indexed
-        self._unsent: set[Any] = set()  # with live: agents whose first token (it carries the settings) is still to go
-        self.index: int | None = None
-        if index is not None:
-            self.set_index(index)
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        _COPIES[:] = [(pid, ref) for pid, ref in _COPIES if ref() is not None]
-        _COPIES.append((os.getpid(), weakref.ref(self)))
-
-    # ------------------------------------------------------------------ the index
-
-    def set_index(self, index: int) -> None:
-        """Give this env copy its index (its position in the trainer's vector env), before its first reset."""
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-            raise ValueError("LedgerParallelEnv: index must be a non-negative integer, got %r" % (index,))
-        index = int(index)
-        if self._recording is not None:
-            if index == self.index:
-                return
-            raise LedgerError("LedgerParallelEnv: this env copy is index %s already; it cannot become %d"
-                              % (self.index, index))
-        path = storage.join(self._directory, "env-%d.npz" % index)
-        streams = agent_streams(index, self._agents)
-        self._recording = rec = Recording(
-            path, "env", [streams[a] for a in self._agents], self._obs_layout, self._act_layout, self._dtype,
-            self._keep_values, {S.META_POSSIBLE_AGENTS: list(self._agents)}, self._interval, "LedgerParallelEnv")
-        is_f32 = self._dtype == np.float32
-        self._recorders = {
-            agent: core.EventRecorder(rec.buffers[k], self._obs_layout, self._act_layout, is_f32,
-                                      rec.values[k].append if self._keep_values else None)
-            for k, agent in enumerate(self._agents)}
-        self._streams = streams
-        if self.live:
-            self._settings = settings_message(self._dtype.name, self._obs_layout, self._act_layout, self._agents)
-            self._unsent = set(self._agents)
-        self.index = index
-
-    def _recorder(self):
-        if self._recorders is None:
-            raise LedgerError("LedgerParallelEnv: no index: give index= or call set_index(i) before the first "
-                              "reset (i: the env copy's position in the trainer's vector env)")
-        return self._recorders
+        self._open_agents(env, directory, index, reward_dtype, keep_values, flush_interval, live)
 
     # ------------------------------------------------------------------ events
 
@@ -311,8 +219,7 @@ class LedgerParallelEnv(EnvAdapter, BaseParallelWrapper):
                 continue
             rec = recorders.get(agent)
             if rec is None:
-                warnings.warn("LedgerParallelEnv: agent %r is not in possible_agents %r; its events are not "
-                              "recorded" % (agent, self._agents), RuntimeWarning, stacklevel=3)
+                self._unknown(agent)
                 continue
             over |= rec.reset(value)
             self._in_play.add(agent)
@@ -338,7 +245,7 @@ def _supersuit_inner(venv):
 
 def _ledger_in(par_env):
     env = par_env
-    while env is not None and not isinstance(env, LedgerParallelEnv):
+    while env is not None and not isinstance(env, AgentLedger):  # LedgerParallelEnv, or LedgerAECEnv in aec_to_parallel
         # most SuperSuit wrappers of a parallel env wrap it as an AEC env: aec_to_parallel(w(parallel_to_aec(env)))
         env = own_attr(env, "env") or own_attr(env, "aec_env")
     return env
@@ -384,7 +291,7 @@ def _index_worker_copies(slots, strict):
     """
     first, n_slots = slots.get(os.getpid(), (None, None))
     pid = os.getpid()
-    copies = [ref() for p, ref in _COPIES if p == pid]
+    copies = [ref() for p, ref in LOADED_COPIES if p == pid]
     copies = [c for c in copies if c is not None]
     if first is not None and copies:
         n_agents = len(copies[0]._agents)
@@ -440,13 +347,17 @@ class LedgerSuperSuitVecEnv(TrainerAdapter):
     reset's under ``"stepledger_reset"`` of the same info (SuperSuit merges the
     two at an autoreset), as ``LedgerVecEnv`` does under SuperSuit's SB3
     form; ``on_fault``, ``keep_tokens`` and ``streams`` (the slots' (env copy,
-    agent) map, ``slot_map``) as there.
+    agent) map, ``slot_map``) as there. ``check_wrappers`` and ``deliberate_wrappers``: as for ``LedgerVecEnv``,
+    the wrappers found between this ledger and SuperSuit's vector env (through ``.venv`` or ``.env``) are warned
+    of once and kept in the ledger's meta for compare's hints.
     """
 
     def __init__(self, venv: Any, path: str | os.PathLike[str] | None, reward_dtype: Any = np.float32,
                  keep_values: bool = False, flush_interval: float | None = None, live: bool = False,
-                 on_fault: OnFault = "raise", keep_tokens: bool = False, streams: Sequence[int] | None = None) -> None:
+                 on_fault: OnFault = "raise", keep_tokens: bool = False, streams: Sequence[int] | None = None,
+                 check_wrappers: bool = True, deliberate_wrappers: Any = None) -> None:
         self.venv = venv
+        between = check_placement(venv, "LedgerSuperSuitVecEnv", check_wrappers, deliberate_wrappers)
         try:
             index_supersuit_copies(venv, strict=False)  # copies given their indices already keep them
         except LedgerError:
@@ -456,6 +367,7 @@ class LedgerSuperSuitVecEnv(TrainerAdapter):
                           on_fault=on_fault, keep_tokens=keep_tokens, flush_interval=flush_interval,
                           streams=streams, owner="LedgerSuperSuitVecEnv",
                           final_obs_name="infos[{i}]['%s']" % _TERMINAL_OBS)
+        self.ledger.note_wrappers(between)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("venv", "ledger"):

@@ -122,6 +122,10 @@ class TrainerAdapter(_Adapter):
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
         return self.ledger.live_faults
 
+    def live_metrics(self) -> dict[str, int]:
+        """The live check's counts so far, by their metric names (TrainerLedger.live_metrics)."""
+        return self.ledger.live_metrics()
+
     def set_on_fault(self, on_fault: Any) -> None:
         """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""
         self.ledger.set_on_fault(on_fault)

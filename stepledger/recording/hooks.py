@@ -20,6 +20,7 @@ import math
 import multiprocessing.util as mp_util
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -48,6 +49,13 @@ def _close_all(state):
 
 
 def _close_all_at_exit():
+    # An exception that ended the program (a Ctrl-C in the training loop): Python sets sys.last_type before it
+    # runs the exit handlers, and the ledgers say what cut the run.
+    last = getattr(sys, "last_type", None)
+    if isinstance(last, type):
+        for rec in mine():
+            if rec.interrupted_by is None:
+                rec.interrupted_by = last.__name__
     _close_all(S.STATE_EXIT)
 
 
@@ -118,7 +126,14 @@ def writing():
             _Process.writing -= 1
             if _Process.writing == 0 and _Process.pending_signal is not None:
                 signum, _Process.pending_signal = _Process.pending_signal, None
-                _end_by_signal(signum, None)
+                if threading.current_thread() is threading.main_thread():
+                    _end_by_signal(signum, None)
+                else:
+                    # The write was another thread's (the idle spiller's): the signal goes back to the process,
+                    # so that the main thread acts on it, as Python runs handlers. Acted on here, the program's
+                    # own handler would run in this thread, late, while the main thread records on past the
+                    # ledgers the SIGTERM wrote.
+                    os.kill(os.getpid(), signum)
     finally:
         if holding:
             _let_sigint_through()

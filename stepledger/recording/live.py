@@ -16,6 +16,11 @@ from stepledger.format import schema as S
 from stepledger import wording
 from stepledger.errors import SettingsError
 
+# The live check's counts where training is watched (the SB3 logger: stepledger.sb3.LogLiveCheck and
+# StopOnBoundaryFault), under these names (docs/LIVE.md, "Where training is watched"):
+METRIC_FAULTS = "stepledger/boundary_faults"  # boundary faults found so far: an env's first (later ones follow from it)
+METRIC_CHECKED = "stepledger/events_checked"  # events checked against their live tokens so far
+
 _TOKEN = struct.Struct(S.TOKEN_FORMAT)
 assert _TOKEN.size == S.TOKEN_SIZE
 
@@ -135,6 +140,11 @@ class LiveCheck:
     def _stream(self, i):
         return i if self.streams is None else self.streams[i]
 
+    def metrics(self):
+        """{METRIC_FAULTS: faults found so far, METRIC_CHECKED: events checked so far}: every event of the envs
+        whose tokens arrive is checked as it comes (one sum over the envs, when asked: not on the step path)."""
+        return {METRIC_FAULTS: len(self.faults), METRIC_CHECKED: int(self.rec.counts[self.rec.token_seen].sum())}
+
     def check_settings(self, values):
         """Refuse (SettingsError) when an env side sent settings that differ from this side's.
 
@@ -193,6 +203,36 @@ class LiveCheck:
                 pending.append(fault)
         if first_index:
             pending[:0] = self._slot_faults(first_index) if agents else self._index_faults(first_index)
+        self._deliver(pending)
+
+    def check_env(self, i, events, tokens):
+        """Env i's latest ``events`` (each (kind, h_obs, h_act, h_rew, terminated, truncated), as recorded, the
+        last of its stream) against the ``tokens`` that came with them, one each (None where none came): for a
+        trainer that records an env's events many at a time (``TrainerLedger.env_steps(..., tokens=...)``)."""
+        stream, pending = self._stream(i), []
+        expected = int(self.rec.counts[i]) - len(events)
+        for j, (event, token) in enumerate(zip(events, tokens)):
+            if token is None:
+                if self.rec.token_seen[i]:  # tokens were arriving: this event has none, so the env never produced it
+                    ep, st = int(self.rec.token_episode[i]), int(self.rec.token_step[i])
+                    ep, st = (ep + 1, 0) if event[0] == S.KIND_RESET else (ep, st + 1)
+                    pending.append(BoundaryFault(wording.event_not_given(stream, ep, st, event[0], self.agents), i,
+                                                 ep, st, ("kind",), stream=stream, agents=self.agents))
+                    break  # what follows is shifted by it
+                if i not in self._silent:
+                    self._silent.add(i)
+                    warnings.warn(wording.no_live_token(self.owner, i), stacklevel=4)
+                continue
+            fault = fault_from_event(i, token, event, self.reward_dtype, expected + j, stream, self.agents)
+            if fault is not None:
+                pending.append(fault)
+                continue
+            parsed = unpack_token(token)
+            self.rec.token_seen[i] = True
+            self.rec.token_episode[i], self.rec.token_step[i] = parsed[2], parsed[3]
+        self._deliver(pending)
+
+    def _deliver(self, pending):
         # An env's first fault is delivered; what its stream shows after it follows from it (a step filled
         # in shifts every later event, black_death_v3's padding never ends), as compare reports an env's
         # first difference: counted in ``later``, not delivered.

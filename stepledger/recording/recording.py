@@ -31,6 +31,7 @@ boundary fault. It never writes a ledger with no events.
 """
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ import warnings
 
 import numpy as np
 
-from stepledger import core
+from stepledger import core, wording
 from stepledger._moved import names_of
 from stepledger.__about__ import __version__
 from stepledger.errors import LedgerError
@@ -97,7 +98,7 @@ class Recording:
         self.run = self.writer if side == "trainer" else None  # the env side learns it from the trainer
         self.position = None
         self.started = time.time()
-        self.interrupted = False
+        self.interrupted_by = None  # the class name of the exception that escaped a recorded step or reset
         self.pid = os.getpid()
         self.closed = False
         self.interval = float(interval)
@@ -158,9 +159,12 @@ class Recording:
         record to ``NAME.dup-{writer}.npz`` instead, and say so. The path to record at."""
         base, ext = os.path.splitext(self.path)
         beside = "%s%s%s%s" % (base, S.DUPLICATE_INFIX, self.writer[:8], ext)
-        warnings.warn("stepledger: %s is being recorded by another ledger (process %s) right now; this one records "
-                      "%s instead, and compare will name both: give each env its own index="
-                      % (self.path, holder.get(S.META_PID), beside), RuntimeWarning, stacklevel=6)
+        # One of the two linked by a trainer side, the other not: an evaluation env built from the training
+        # env's factory (docs/INDICES.md), not a mistake; compare takes the linked one and names the other.
+        if (self.run is None) == (holder.get(S.META_RUN) is None):
+            # a lock names a live writer; a file's meta (its state) one that wrote it and closed since
+            warnings.warn(wording.recorded_beside(self.path, holder.get(S.META_PID), beside,
+                                                  S.META_STATE not in holder), RuntimeWarning, stacklevel=6)
         self.path = beside
         return beside
 
@@ -172,6 +176,20 @@ class Recording:
         self.position = None if position is None else int(position)
 
     # ------------------------------------------------------------ state
+
+    @property
+    def interrupted(self):
+        """An exception escaped a step or reset it recorded (the run did not end cleanly)."""
+        return self.interrupted_by is not None
+
+    @interrupted.setter
+    def interrupted(self, value):
+        # set by the adapters in their ``except BaseException``: the exception being handled names what cut the run
+        if not value:
+            self.interrupted_by = None
+        elif self.interrupted_by is None:
+            exc = sys.exc_info()[0]
+            self.interrupted_by = exc.__name__ if exc is not None else "Exception"
 
     @property
     def published(self):
@@ -221,6 +239,14 @@ class Recording:
             meta[S.META_PID_START] = start
         if self.position is not None:
             meta[S.META_POSITION] = self.position
+        if self.interrupted_by is not None:
+            meta[S.META_INTERRUPTED_BY] = self.interrupted_by
+        if state == S.STATE_SIGNAL:  # who it was that may have sent it: compare knows the trainer's process
+            parent = _parent_pid()
+            meta[S.META_PARENT_PID] = parent
+            parent_start = processes.start_time(parent)
+            if parent_start is not None:
+                meta[S.META_PARENT_START] = parent_start
         meta.update(self.extra_meta)
         if segment is not None:
             meta[S.META_SEGMENT] = segment
@@ -580,6 +606,14 @@ def _place_of(path, owner, on_exit):
                               "give each env its own index= (or each trainer ledger its own path)" % (owner, path))
     check_writable(path, owner)
     return LocalLedger()
+
+
+def _parent_pid():
+    """The process that started this one: for a multiprocessing worker the process that created it, whichever the
+    start method (under forkserver the operating system's parent is the fork server), else the parent."""
+    mp = sys.modules.get("multiprocessing")
+    parent = mp.parent_process() if mp is not None else None
+    return parent.pid if parent is not None and isinstance(parent.pid, int) else os.getppid()
 
 
 def _short(exc):

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["NEXT_STEP", "SAME_STEP", "TrainerLedger", "autoreset_mode_name", "check_autoreset_mode"]
 
 NEXT_STEP, SAME_STEP, DISABLED = "next_step", "same_step", "disabled"
+# an event as the live check compares it: (kind, h_obs, h_act, h_rew, terminated, truncated), from these columns
+_EVENT_ORDER = tuple(S.FIELD_COLUMNS[f] for f in ("kind", "obs", "action", "reward", "terminated", "truncated"))
+
 # what a live mismatch does: "raise", "warn", "record", or a callable that receives the BoundaryFault
 OnFault = Union[str, Callable[[BoundaryFault], object]]
 DONE_FLAGS = "done_flags"  # the meta's name for SB3's convention (done flags, terminal obs in the infos)
@@ -342,17 +345,24 @@ class TrainerLedger:
 
     # ------------------------------------------------------------------ per-env events
 
-    def env_reset(self, i: int, obs: Any) -> None:
-        """Record that env ``i`` was reset and returned ``obs``."""
+    def env_reset(self, i: int, obs: Any, token: Any = None) -> None:
+        """Record that env ``i`` was reset and returned ``obs``; with live, ``token`` is the live token that came
+        with it (``info["stepledger"]``), checked now."""
         over = self._rec.env_reset(i, obs)
+        if self._live is not None and token is not None:
+            self._check_env(i, 1, [token])
         if self.keep_values:
             over |= self.recording.values[i].append(_cast(self.obs_layout, obs), None)  # type: ignore[union-attr]
         self._after(over)
 
-    def env_steps(self, i: int, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
+    def env_steps(self, i: int, actions: Any, obs: Any, rewards: Any, terminated: Any, truncated: Any,
+                  tokens: Sequence[Any] | None = None) -> None:
         """Record m steps of env ``i``: the actions sent and the observations, rewards and end flags
-        received, each batched over the m steps (a leading axis of m)."""
+        received, each batched over the m steps (a leading axis of m). With live, ``tokens`` holds the live
+        token that came with each step (None where none did), checked now."""
         over = self._rec.env_steps(i, actions, obs, rewards, terminated, truncated)
+        if self._live is not None and tokens is not None:
+            self._check_env(i, len(tokens), tokens)
         if self.keep_values:
             m = len(np.asarray(rewards).reshape(-1))
             arows = self.act_layout.cast_each(actions, m)
@@ -360,6 +370,28 @@ class TrainerLedger:
             store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
             for k in range(m):
                 over |= store.append(orows[k], arows[k])
+        self._after(over)
+
+    def env_reset_withheld(self, i: int) -> None:
+        """Record a reset of env ``i`` whose observation the library never gave the trainer (TorchRL resets an
+        env as soon as its episode ends; after the run's last batch no batch brings that observation): recorded
+        with the withheld marker, as ``env_withheld`` records a step's."""
+        over = self._rec.env_reset(i, None)
+        if self.keep_values:
+            over |= self.recording.values[i].append(None, None)  # type: ignore[union-attr]  # kept values: a file
+        self._after(over)
+
+    def env_withheld(self, i: int, actions: Any, rewards: Any, terminated: Any, truncated: Any) -> None:
+        """Record m steps of env ``i`` whose observations the library withheld from the trainer, as it says
+        it does (an ending step's final observation under TorchRL's ``auto_reset`` or ``compact_obs``):
+        each is recorded with the withheld marker, which compare reports as such, not as a difference."""
+        over = self._rec.env_steps(i, actions, None, rewards, terminated, truncated)
+        if self.keep_values:
+            m = len(np.asarray(rewards).reshape(-1))
+            arows = self.act_layout.cast_each(actions, m)
+            store = self.recording.values[i]  # type: ignore[union-attr]  # kept values: a file
+            for k in range(m):
+                over |= store.append(None, arows[k])
         self._after(over)
 
     def set_fragments(self, fragments: Mapping[int, Sequence[tuple[int, int]]]) -> None:
@@ -374,6 +406,14 @@ class TrainerLedger:
 
     # ------------------------------------------------------------------ the live check
 
+    def _check_env(self, i: int, m: int, tokens: Sequence[Any]) -> None:
+        """Live: env i's last m events, just recorded (read back from its buffer), against their tokens."""
+        cols = self._rec.buffers[i].views()
+        n = len(cols["kind"])
+        kind, h_obs, h_act, h_rew, te, tr = (np.asarray(cols[c][n - m:]).tolist() for c in _EVENT_ORDER)
+        events = [(k, o, a, r, t, u and not t) for k, o, a, r, t, u in zip(kind, h_obs, h_act, h_rew, te, tr)]
+        self._live.check_env(i, events, tokens)  # type: ignore[union-attr]  # live: set
+
     @property
     def live_faults(self) -> list[BoundaryFault]:
         """The boundary faults the live check has found so far (BoundaryFault objects)."""
@@ -383,6 +423,11 @@ class TrainerLedger:
     def live_later(self) -> dict[int, Any]:
         """Per env (slot) that had a live fault, the mismatches after it: they follow from it, not delivered."""
         return dict(self._live.later) if self._live is not None else {}
+
+    def live_metrics(self) -> dict[str, int]:
+        """The live check's counts so far, by their metric names (``live.METRIC_FAULTS``, the boundary faults
+        found; ``live.METRIC_CHECKED``, the events checked against their tokens); empty without live."""
+        return self._live.metrics() if self._live is not None else {}
 
     def set_on_fault(self, on_fault: OnFault) -> None:
         """Change what a live mismatch does ("raise", "warn", "record" or a callable)."""

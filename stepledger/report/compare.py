@@ -7,9 +7,10 @@ streams at their first difference unless every difference is to be counted.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from stepledger.format import processes
 from stepledger.format import storage
 from stepledger import wording
 from stepledger.report.base import DifferenceReport
+from stepledger.report import parallel
 from stepledger.errors import LedgerError, SettingsError
 from stepledger.format.ledgerfile import CHUNK, positions
 from stepledger.report.read import (FIRST_EVENTS, Columns, Ledger, LedgerPath, MergedLedger, Meta, Overlap,
@@ -58,6 +60,9 @@ class EnvDifference:
         self.raw: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {}
         # with count_all: where each field's differences fall (stepledger.wording.pattern)
         self.patterns: list[str] = []
+        # with count_all: field -> differing events in each of SPREAD_BINS equal parts of the shared events,
+        # from the first on (what report/html.py draws)
+        self.spread: dict[str, list[int]] = {}
         self.trainer_file: str | None = None  # the trainer file that holds this env's stream, if any
         # a multi-agent env ledger's possible_agents: the stream is an agent of an env copy
         self.agents: list[str] | None = None
@@ -157,6 +162,8 @@ class Report(DifferenceReport):
         # (file name, why) of files in the env directory named like env ledgers that could not be read as one:
         # not compared (their lines are among the notes); the command exits 3 where nothing else differs
         self.unread: list[tuple[str, str]] = []
+        self.agents: list[str] | None = None  # with agent streams: the env ledgers' possible_agents
+        self.recorder: str | None = None  # with agent streams: the env-side class hints name (agent_recorder)
 
     @property
     def complete(self) -> bool:
@@ -187,6 +194,11 @@ class Report(DifferenceReport):
     def __repr__(self) -> str:
         return "<Report ok=%s: %s>" % (self.ok, wording.envs_differ(len(self.differences), len(self.envs),
                                                                    self.agent_streams))
+
+    def to_html(self, title: str | None = None) -> str:
+        """The report as one self-contained HTML page (stepledger.report.html)."""
+        from stepledger.report.html import to_html
+        return to_html(self, title)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "envs": list(self.envs), "n_differ": len(self.differences),
@@ -271,12 +283,26 @@ def _writer_alive(meta: Meta) -> bool | None:
     return processes.running(pid, start)
 
 
-def how_it_ended(meta: Meta) -> str | None:
-    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly."""
+def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
+    """How a ledger's recording had ended when its file was written, in words; None if closed cleanly.
+
+    An env ledger written on SIGTERM whose process's parent then was the writer of one of ``trainers`` (the
+    trainer ledgers' metas): said as the trainer's process ending its vector env's workers (docs/ENDINGS.md)."""
     state = meta.get(S.META_STATE, S.STATE_CLOSED)
     if state == S.STATE_OPEN:
         return wording.still_open(_writer_alive(meta))
-    return wording.ENDED.get(state)
+    if state == S.STATE_SIGNAL:
+        for trainer in trainers:
+            if (meta.get(S.META_HOST) == trainer.get(S.META_HOST) and isinstance(meta.get(S.META_PARENT_PID), int)
+                    and meta.get(S.META_PARENT_PID) == trainer.get(S.META_PID)
+                    and meta.get(S.META_PARENT_START) == trainer.get(S.META_PID_START)
+                    and (trainer.get(S.META_INTERRUPTED_BY) in (None, "KeyboardInterrupt")
+                         or _after(meta.get(S.META_UPDATED), trainer.get(S.META_UPDATED)))):
+                # the trainer's process ended its workers. A worker killed from outside mid-run makes the
+                # trainer's next step fail (another exception) after the worker wrote: said as a SIGTERM.
+                return wording.ended_by_trainer(trainer.get(S.META_STATE, S.STATE_CLOSED),
+                                                trainer.get(S.META_INTERRUPTED_BY), meta.get(S.META_PARENT_PID))
+    return wording.ended(state, meta.get(S.META_INTERRUPTED_BY))
 
 
 def _ledger_note(name: str, meta: Meta, events: int) -> str | None:
@@ -293,11 +319,16 @@ def _agents_of(stream: Stream) -> list[str] | None:
     return agents if isinstance(agents, list) and agents else None
 
 
-def _env_notes(env_ledger: Ledger, env_dir: LedgerPath) -> list[str]:
+def _after(t: Any, other: Any) -> bool:
+    """Unix time ``t`` is not before ``other`` (as a meta holds them, to the millisecond)."""
+    return isinstance(t, (int, float)) and isinstance(other, (int, float)) and t >= other
+
+
+def _env_notes(env_ledger: Ledger, env_dir: LedgerPath, trainers: Sequence[Meta] = ()) -> list[str]:
     """How the env ledgers ended, grouped: one line per way of ending, naming the files."""
     groups: dict[str, set[int]] = {}
     for idx, stream in env_ledger.streams.items():
-        ended = how_it_ended(stream.meta)
+        ended = how_it_ended(stream.meta, trainers)
         if ended is not None:
             agents = _agents_of(stream)  # a multi-agent copy's file holds a stream per agent
             groups.setdefault(ended, set()).add(idx // len(agents) if agents else idx)
@@ -311,9 +342,78 @@ def _ends_note(env_id: int, es: Stream, ts: Stream) -> str:
         which, gap = "env", n_tr - n_env
     else:
         which, gap = "trainer", n_env - n_tr
-    why = [(side, how_it_ended(meta)) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
+    why = [(side, how_it_ended(meta, [ts.meta])) for side, meta in (("env", es.meta), ("trainer", ts.meta))]
     return wording.ends_apart(env_id, which, gap, [(side, ended) for side, ended in why if ended is not None],
                               min(n_env, n_tr), _agents_of(es))
+
+
+class EnvWork(NamedTuple):
+    """One env to compare: its two streams (None where a side has none), the first overlap of its trainer
+    slices (read.stitch), and whether its env ledger is another run's or could not be read."""
+    env: int
+    env_stream: Stream | None
+    trainer_stream: Stream | None
+    overlap: Overlap | None
+    other_run: bool
+
+
+class EnvOutcome(NamedTuple):
+    """What comparing one env gave: its difference (or None), lines for the notes, whether it was left
+    uncompared, whether a value that differs was not kept (the values hint), and how many of the env's
+    observations the library withheld from the trainer (compared as the env's: _take_withheld)."""
+    difference: EnvDifference | None
+    notes: list[str]
+    uncompared: bool = False
+    values_hint: bool = False
+    withheld: int = 0
+
+
+def compare_env(work: EnvWork, count_all: bool, meta: Meta) -> EnvOutcome:
+    """Compare one env's two streams: the one function every way of running compare uses (in this process,
+    in worker processes, as Ray tasks; stepledger.report.parallel). ``meta`` is the env side's."""
+    e, es, ts, overlap, other_run = work
+    if es is None and ts is not None and (other_run or how_it_ended(ts.meta) == wording.IN_PROGRESS):
+        # Not compared, and not a difference: its env ledger is another run's (the line on skipped
+        # files says so), or the run goes on and its env ledger may not have written anything yet
+        # (the compare after the run, or a later one, tells)
+        return EnvOutcome(None, [] if other_run else [wording.no_env_ledger_yet(e, len(ts))], uncompared=True)
+    if es is None or ts is None:
+        return EnvOutcome(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
+                                        env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0), [])
+    held: list[int] = []
+    first, counts, position = _compare_stream(es, ts, count_all, held)
+    withheld = sum(held)
+    notes: list[str] = []
+    hint = False
+    if overlap is not None and 0 <= first < overlap[0]:
+        notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
+        overlap = None
+    if overlap is not None:
+        # events two learners got: the stitched stream holds them once, in step with the env's
+        # (read.stitch); the difference is at the first of them
+        o = overlap[0]
+        d = EnvDifference(e, "overlap", o, *_position_of(es if o < len(es) else ts, o),
+                          detail={"events": overlap[:2], "files": overlap[2:]})
+    elif first >= 0:
+        assert position is not None  # the first difference's position: _compare_stream gives it
+        d = _difference_at(e, es, ts, first, position, meta)
+        d.untold = _untold_end(es, ts, first)
+        hint = any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
+    elif len(es) != len(ts):
+        if not (_closed(es.meta) and _closed(ts.meta)):
+            # the run ended badly: not a boundary fault
+            return EnvOutcome(None, notes + [_ends_note(e, es, ts)], withheld=withheld)
+        shared = min(len(es), len(ts))
+        pos = position if shared and position is not None else (None, None)
+        d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
+    else:
+        return EnvOutcome(None, notes, withheld=withheld)
+    where = counts.pop("where", None) if counts is not None else None
+    if where is not None and d.what == "fields":
+        d.patterns = where.patterns(counts, d.episode, d.step)
+        d.spread = where.spread()
+    d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
+    return EnvOutcome(d, notes, values_hint=hint, withheld=withheld)
 
 
 # ---------------------------------------------------------------- values
@@ -350,9 +450,20 @@ def _read_rows(stream: Stream, names: Sequence[str], start: int, stop: int) -> C
     return {n: (v[0] if len(v) == 1 else np.concatenate(v)) for n, v in parts.items()}
 
 
-def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
+def _take_withheld(a: Columns, b: Columns) -> int:
+    """Where the trainer side recorded an observation as withheld (the library never gave it, as it says it
+    does: TorchRL's auto_reset and compact_obs), compare the env's in its place; how many there were."""
+    mask = np.asarray(b["h_obs"]) == core.WITHHELD_DIGEST
+    k = int(np.count_nonzero(mask))
+    if k:
+        b["h_obs"] = np.where(mask, a["h_obs"], b["h_obs"])
+    return k
+
+
+def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool, withheld: list[int] | None = None
                     ) -> tuple[int, dict[str, Any] | None, tuple[int, int] | None]:
-    """First differing event index (or -1), counts per field if asked, and env positions."""
+    """First differing event index (or -1), counts per field if asked, and env positions; the number of
+    withheld observations compared is appended to ``withheld``."""
     n = min(len(env_stream), len(tr_stream))
     first = -1
     counts: dict[str, Any] | None = {f: 0 for f in S.FIELDS} if count_all else None
@@ -363,6 +474,9 @@ def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
         stop = min(start + CHUNK, n)
         a = _read_rows(env_stream, S.EVENT_COLUMN_NAMES, start, stop)
         b = _read_rows(tr_stream, S.EVENT_COLUMN_NAMES, start, stop)
+        held = _take_withheld(a, b)
+        if withheld is not None and held:
+            withheld.append(held)
         if first < 0:
             i = core.first_difference(a, b)
             if i >= 0:
@@ -377,8 +491,8 @@ def _compare_stream(env_stream: Stream, tr_stream: Stream, count_all: bool
             for f in S.FIELDS:
                 col = S.FIELD_COLUMNS[f]
                 counts[f] += int(np.count_nonzero(np.asarray(a[col][lo:]) != np.asarray(b[col][lo:])))
-            where = where or _Where()
-            where.add(a, b, lo)
+            where = where or _Where(n)
+            where.add(a, b, lo, start)
         if first >= 0 and not count_all:
             break
     if first < 0 and n:
@@ -475,15 +589,22 @@ def _difference_at(env_id: int, env_stream: Stream, tr_stream: Stream, index: in
 
 # ---------------------------------------------------------------- causes
 
-class _Where:
-    """With count_all: where each field's differences fall, from an env's first difference on."""
+SPREAD_BINS = 100  # parts of an env's shared events in EnvDifference.spread
 
-    def __init__(self) -> None:
+
+class _Where:
+    """With count_all: where each field's differences fall, from an env's first difference on, of ``n`` shared
+    events: in words (``patterns``) and in SPREAD_BINS equal parts of the stream (``spread``)."""
+
+    def __init__(self, n: int) -> None:
         self.totals = {"events": 0, "steps": 0, "ends": 0, "starts": 0}
         self.by_field = {f: {"at_steps": 0, "at_ends": 0, "at_starts": 0} for f in S.FIELDS}
         self._prev_kind: Any = None  # the kind of the event before the chunk
+        self.n = n
+        self.bins = {f: np.zeros(SPREAD_BINS, dtype=np.int64) for f in S.FIELDS}
 
-    def add(self, a: Columns, b: Columns, lo: int) -> None:
+    def add(self, a: Columns, b: Columns, lo: int, start: int) -> None:
+        """Rows ``lo:`` of a chunk of both streams that begins at event ``start``."""
         kind = np.asarray(a["kind"])
         prev = np.empty_like(kind)
         prev[0] = S.KIND_STEP if self._prev_kind is None else self._prev_kind
@@ -505,6 +626,12 @@ class _Where:
             c["at_steps"] += int(np.count_nonzero(diff & is_step))
             c["at_ends"] += int(np.count_nonzero(diff & ends))
             c["at_starts"] += int(np.count_nonzero(diff & starts))
+            at = np.flatnonzero(diff)
+            if at.size:
+                self.bins[f] += np.bincount((at + start + lo) * SPREAD_BINS // self.n, minlength=SPREAD_BINS)
+
+    def spread(self) -> dict[str, list[int]]:
+        return {f: [int(x) for x in b] for f, b in self.bins.items() if b.any()}
 
     def patterns(self, counts: dict[str, Any], episode: int | None, step: int | None) -> list[str]:
         out = []
@@ -531,6 +658,38 @@ def _prefixes_match(a: Columns | None, b: Columns | None) -> bool:
     return core.first_difference({k: v[:n] for k, v in a.items()}, {k: v[:n] for k, v in b.items()}) < 0
 
 
+class _PrefixIndex:
+    """Streams' first events (``_prefix``), bucketed, so that finding the streams a prefix matches compares it with
+    the few that could match, not with every stream (pairing stays linear in the number of envs).
+
+    Two prefixes match when they agree on their first min(their lengths) events, so they agree on the first
+    ``length`` events, the shortest prefix there is: the bucket's key is a digest of those. ``candidates(p)``
+    are the streams of ``p``'s bucket, in the order they were given; ``matches(p)`` those that match it.
+    """
+
+    def __init__(self, prefixes: dict[int, Columns | None], others: Iterable[Columns | None] = ()) -> None:
+        lengths = [len(p["kind"]) for p in list(prefixes.values()) + list(others) if p is not None]
+        self.length = min(lengths) if lengths else 0
+        self.prefixes = prefixes
+        self.buckets: dict[bytes, list[int]] = {}
+        for t, p in prefixes.items():
+            if p is not None:
+                self.buckets.setdefault(self._key(p), []).append(t)
+
+    def _key(self, p: Columns) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for name in S.EVENT_COLUMN_NAMES:
+            h.update(np.ascontiguousarray(p[name][: self.length]).tobytes())
+        return h.digest()
+
+    def matches(self, p: Columns | None) -> Iterator[int]:
+        if p is None:
+            return
+        for t in self.buckets.get(self._key(p), ()):
+            if _prefixes_match(p, self.prefixes[t]):
+                yield t
+
+
 def _index_hint(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> str | None:
     """A line when env files match other trainer envs' streams (index= wrong, swapped or duplicated), or None.
 
@@ -544,12 +703,12 @@ def _index_hint(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> str | 
     if not env_side or not tr_side:
         return None
     env_prefix = {e: _prefix(env_ledger.streams[e]) for e in env_side}
-    tr_prefix = {t: _prefix(tr_ledger.streams[t]) for t in tr_side}
+    index = _PrefixIndex({t: _prefix(tr_ledger.streams[t]) for t in tr_side}, env_prefix.values())
     pairs: list[tuple[int, int]] = []
     taken: set[int] = set()
     for e in env_side:
-        for t in tr_side:
-            if t != e and t not in taken and _prefixes_match(env_prefix[e], tr_prefix[t]):
+        for t in index.matches(env_prefix[e]):
+            if t != e and t not in taken:
                 pairs.append((e, t))
                 taken.add(t)
                 break
@@ -566,7 +725,7 @@ def _index_hint(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> str | 
         n = len(agents)
         lost = sorted({t // n for t in unmatched if all(t // n * n + k in unmatched for k in range(n))})
         duplicates = sorted({e for e, t in copies if e in lost and t * n not in env_ledger.streams})
-        return wording.index_hint(copies, lost, duplicates, copies=True)
+        return wording.index_hint(copies, lost, duplicates, copies=report.recorder or True)
     # env-e.npz holds trainer env t's stream, trainer env e has no file of its own and there is no env-t.npz:
     # two envs were given index e and one file overwrote the other
     duplicates = sorted({e for e, t in pairs if e in unmatched and t not in env_ledger.streams})
@@ -593,15 +752,9 @@ def _unindexed_notes(env_ledger: Ledger, tr_ledger: Ledger) -> list[str]:
     if not env_ledger.unindexed:
         return lines
     order = sorted(tr_ledger.streams, key=lambda t: (t in env_ledger.streams, t))
-    prefixes: dict[int, Columns | None] = {}
+    index = _PrefixIndex({t: _prefix(tr_ledger.streams[t]) for t in order}, [u[3] for u in env_ledger.unindexed])
     for name, meta, events, first in env_ledger.unindexed:
-        match = None
-        for t in order:
-            if t not in prefixes:
-                prefixes[t] = _prefix(tr_ledger.streams[t])
-            if _prefixes_match(first, prefixes[t]):
-                match = t
-                break
+        match = next(index.matches(first), None)
         position = meta.get(S.META_POSITION)
         lines.append(wording.unindexed_note(name, events, position if isinstance(position, int) else None, match))
     return lines
@@ -633,11 +786,12 @@ def cause_hints(report: Report, env_ledger: Ledger, tr_ledger: Ledger) -> list[s
         common = [f for f in S.FIELDS if all(f in d.fields for d in fields)]
         if common:
             hints.append(wording.every_env_hint(common[0], len(report.envs), report.agent_streams,
-                                                _wrappers_found(tr_ledger)))
+                                                _wrappers_found(tr_ledger), report.recorder))
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("truncated",) and d.env_values.get("truncated") == "False"
             and d.trainer_values.get("truncated") == "True" for d in fields):
-        hints.append(wording.AGENT_TIME_LIMIT_HINT if report.agent_streams else wording.TIME_LIMIT_HINT)
+        hints.append(wording.agent_time_limit_hint(report.recorder) if report.agent_streams
+                     else wording.TIME_LIMIT_HINT)
     if fields and len(fields) == len(diffs) and all(
             d.fields == ("terminated", "truncated") and d.env_values.get("truncated") == "True"
             and d.trainer_values.get("terminated") == "True" for d in fields):
@@ -741,7 +895,8 @@ def read_trainer_side(trainer_files: TrainerSpec) -> tuple[MergedLedger, list[st
 
 
 def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = False,
-            progress: Callable[[int, int], Any] | None = None) -> Report:
+            progress: Callable[[int, int], Any] | None = None, jobs: int | None = None,
+            ray: str | bool | None = None) -> Report:
     """Compare the env-side ledgers in ``env_dir`` with the trainer side ``trainer_file``.
 
     ``trainer_file`` is a trainer ledger, or several: a list of them, a glob
@@ -759,6 +914,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
     argument may be an fsspec URL (``s3://...``), read from a local copy.
     ``progress(done, total)``, if given, is called as the envs are compared.
 
+    ``jobs`` worker processes compare the envs (default: the cores this process may run on; a compare
+    too small to gain from workers runs in this process); ``ray`` runs them as Ray tasks instead, on the
+    cluster at that address (``True``: the cluster this process has joined, else ``"auto"``), each task
+    reading its ledgers from the path or URL itself. The report is the same, byte for byte, however it
+    was run. A worker or task that dies raises ``WorkerLost`` (a LedgerError): no report.
+
     ``env_dir`` may also be one env ledger file: the envs it holds are compared, and only they (a line
     names the trainer side's others). A file of ``env_dir`` named like an env ledger that cannot be read
     as one (a stray file, a damaged one) is left out with a line, its env not compared, and listed in
@@ -768,6 +929,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
     going), streams that agree as far as both go but end at different points
     get a line of their own and are not a difference.
     """
+    if ray is None or ray is False:
+        parallel.check_jobs(jobs)  # bad input is refused before anything is read
     try:
         tr_ledger, tr_lines = read_trainer_side(trainer_file)
     except LedgerError:
@@ -782,8 +945,12 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
                      or n in tr_ledger.holders[idx]]
             reasons = [other_run(meta, m) for m in metas]
             return None if any(r is None for r in reasons) else reasons[0]
+        runs = {led.meta.get(S.META_RUN) for _, led in tr_ledger.named} - {None}
+
+        def linked(meta: Meta, idx: int) -> bool:  # the trainer side told this env ledger it is env idx of its run
+            return meta.get(S.META_RUN) in runs and meta.get(S.META_POSITION) == idx
         unread: list[tuple[str, str]] = []  # files named like env ledgers that are not: named, and the rest compared
-        env_ledger = read_ledger(env_dir, accept, unread)
+        env_ledger = read_ledger(env_dir, accept, unread, linked, parallel.opening_threads(jobs, ray))
     except LedgerError:
         tr_ledger.close()
         raise
@@ -803,8 +970,16 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         notes = [wording.not_compared(name, reason) for name, reason in env_ledger.skipped]
         recorded = {i for i, st in tr_ledger.streams.items() if len(st)}  # envs the trainer side has events of
         notes += [wording.not_read(name, why, env_index_of(name) in recorded) for name, why in unread]
+        # trainer streams no env ledger holds: beside a second recording of one index, two of the trainer side's
+        # envs were most likely given that index (the trainer side told neither its position)
+        missing = recorded - set(env_ledger.streams)
         for name, idx, dup_meta in env_ledger.duplicates:
-            notes.append(wording.recorded_twice(name, idx))
+            if (dup_meta.get(S.META_RUN) in runs and dup_meta.get(S.META_POSITION) is not None) or (
+                    missing and dup_meta.get(S.META_COPY) is None and dup_meta.get(S.META_POSITION) is None):
+                notes.append(wording.recorded_twice(name, idx))  # two of the trainer side's envs given one index
+            else:
+                notes.append(wording.recorded_copy(name, idx, env_ledger.duplicate_events.get(name, 0),
+                                                   dup_meta.get(S.META_COPY)))
         notes += _unindexed_notes(env_ledger, tr_ledger)
         for idx, stream in env_ledger.streams.items():
             position = stream.meta.get(S.META_POSITION)
@@ -825,54 +1000,21 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         # envs whose env ledger is another run's, or cannot be read: not compared, and not a difference
         other_runs = {env_index_of(name) for name, _ in env_ledger.skipped + unread} - {None}
         uncompared: set[int] = set()
-        for k, e in enumerate(envs):
-            if progress is not None:
-                progress(k, len(envs))
-            es, ts = env_ledger.streams.get(e), tr_ledger.streams.get(e)
-            if es is None and ts is not None and (e in other_runs or how_it_ended(ts.meta) == wording.IN_PROGRESS):
-                # Not compared, and not a difference: its env ledger is another run's (the line on skipped
-                # files says so), or the run goes on and its env ledger may not have written anything yet
-                # (the compare after the run, or a later one, tells)
-                if e not in other_runs:
-                    notes.append(wording.no_env_ledger_yet(e, len(ts)))
+        withheld: dict[int, int] = {}  # per env, the observations the library withheld from the trainer
+        work = [EnvWork(e, env_ledger.streams.get(e), tr_ledger.streams.get(e), overlaps.get(e), e in other_runs)
+                for e in envs]
+        for e, outcome in zip(envs, parallel.compare_envs(compare_env, work, count_all, meta, jobs, ray,
+                                                           progress, (env_ledger, tr_ledger))):
+            notes += outcome.notes
+            hint |= outcome.values_hint
+            if outcome.withheld:
+                withheld[e] = outcome.withheld
+            if outcome.uncompared:
                 uncompared.add(e)
-                continue
-            if es is None or ts is None:
-                differences.append(EnvDifference(e, "one_side", side="env" if ts is None else "trainer",
-                                                 env_events=len(es) if es else 0, trainer_events=len(ts) if ts else 0))
-                continue
-            first, counts, position = _compare_stream(es, ts, count_all)
-            overlap = overlaps.get(e)
-            if overlap is not None and 0 <= first < overlap[0]:
-                notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
-                overlap = None
-            if overlap is not None:
-                # events two learners got: the stitched stream holds them once, in step with the env's
-                # (read.stitch); the difference is at the first of them
-                o = overlap[0]
-                d = EnvDifference(e, "overlap", o, *_position_of(es if o < len(es) else ts, o),
-                                  detail={"events": overlap[:2], "files": overlap[2:]})
-            elif first >= 0:
-                assert position is not None  # the first difference's position: _compare_stream gives it
-                d = _difference_at(e, es, ts, first, position, meta)
-                d.untold = _untold_end(es, ts, first)
-                hint |= any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
-            elif len(es) != len(ts):
-                if not (_closed(es.meta) and _closed(ts.meta)):
-                    notes.append(_ends_note(e, es, ts))  # the run ended badly: not a boundary fault
-                    continue
-                shared = min(len(es), len(ts))
-                pos = position if shared and position is not None else (None, None)
-                d = EnvDifference(e, "length", episode=pos[0], step=pos[1])
-            else:
-                continue
-            where = counts.pop("where", None) if counts is not None else None
-            if where is not None and d.what == "fields":
-                d.patterns = where.patterns(counts, d.episode, d.step)
-            d.env_events, d.trainer_events, d.counts = len(es), len(ts), counts
-            differences.append(d)
-        if progress is not None:
-            progress(len(envs), len(envs))
+            if outcome.difference is not None:
+                differences.append(outcome.difference)
+        if withheld:
+            notes.append(wording.withheld_obs(withheld))
         envs = [e for e in envs if e not in uncompared]
         if differences:  # a difference is reported from files whose every checksum holds, never from damage
             differing = [d.env for d in differences]
@@ -880,7 +1022,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
-            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".")
+            env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".",
+            [led.meta for _, led in tr_ledger.named])
         partial = {"env": env_ledger.partial, "trainer": tr_ledger.partial}
         on_env_side = [env_ledger.streams[e] for e in envs if e in env_ledger.streams]
         agent_streams = bool(on_env_side) and all(_agents_of(s) for s in on_env_side)
@@ -893,6 +1036,8 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
         report = Report(envs, differences, partial, hint, count_all, notes, agent_streams)
         report.trainer_files = [name for name, _ in tr_ledger.named]
         report.unread = list(unread)
+        report.agents = _agents_of(on_env_side[0]) if agent_streams else None
+        report.recorder = wording.agent_recorder(on_env_side[0].meta) if agent_streams else None
         report.hints = cause_hints(report, env_ledger, tr_ledger)
         return report
     except LedgerError as exc:

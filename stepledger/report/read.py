@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 _ENV_FILE = re.compile(r"^env-(\d+)\.npz$")
-_DUP_FILE = re.compile(r"^env-(\d+)" + re.escape(S.DUPLICATE_INFIX) + r"[0-9a-f]+\.npz$")
+# a second recording of env N (env-N.dup-*.npz) or a copy of its LedgerEnv (env-N.copy-*.npz, docs/INDICES.md)
+_DUP_FILE = re.compile(r"^env-(\d+)(?:%s|%s)[0-9a-f]+\.npz$" % (re.escape(S.DUPLICATE_INFIX), re.escape(S.COPY_INFIX)))
 _UNINDEXED_FILE = re.compile(r"^" + re.escape(S.UNINDEXED_PREFIX) + r"[0-9a-f]+\.npz$")
 
 #: a ledger's meta, as its file holds it (JSON: the keys are format/schema.py's META_*)
@@ -116,6 +117,22 @@ class Stream:
         return None
 
 
+#: a stream as another process re-opens it: (env index, [(file path, first row, end row)], meta)
+StreamRef = tuple[int, list[tuple[str, int, int]], Meta]
+
+
+def stream_ref(stream: Stream, name: Callable[[str], str] = str) -> StreamRef:
+    """What a worker needs to read ``stream`` itself: each piece's file (as ``name`` gives it: a URL's local
+    copy named by its URL) and rows, and the meta. No column is read."""
+    return stream.index, [(name(p.lf.path), p.start, p.stop) for p in stream.pieces], stream.meta
+
+
+def open_stream(ref: StreamRef, open_file: Callable[[str], LedgerFile]) -> Stream:
+    """The Stream of a ``stream_ref``, its files opened by ``open_file(path)`` (which may keep them open)."""
+    index, pieces, meta = ref
+    return Stream(index, [_Piece(open_file(path), start, stop) for path, start, stop in pieces], meta)
+
+
 def _encoded_offset(lf: LedgerFile, field: str, row: int) -> int:
     return encoded_offsets(lf, field, [row])[0]
 
@@ -151,8 +168,12 @@ class Ledger:
         self._copy: tuple[tempfile.TemporaryDirectory[str], str, str] | None = None
         # env directory: (name, reason) of env ledgers left out (see read_ledger)
         self.skipped: list[tuple[str, str]] = []
-        # env directory: (name, env index, meta) of second recordings of an env
+        # env directory: (name, env index, meta) of second recordings of an env and of copies of its LedgerEnv
         self.duplicates: list[tuple[str, int, Meta]] = []
+        # env directory: the events of each of those, by name
+        self.duplicate_events: dict[str, int] = {}
+        # env directory: the file each stream was read from (a multi-agent env ledger holds several)
+        self.origin: dict[int, str] = {}
         # env directory: (name, meta, events, first events) of ledgers with no index
         self.unindexed: list[tuple[str, Meta, int, Columns | None]] = []
 
@@ -389,14 +410,20 @@ def read(path: LedgerPath) -> Ledger:
     return read_ledger(path)
 
 
-def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
+def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
+                linked: Callable[[Meta, Any], bool] | None = None, threads: int = 1) -> Ledger:
     """``read``, with ``accept(meta, name)`` deciding which env ledgers of a directory are read.
 
     ``accept`` returns None to read a file, or the reason it is left out (it is
     then in ``ledger.skipped`` as (name, reason), and its settings are not
     checked against the others). Files ``env-N.dup-*.npz``, written by a second
-    recording of env N at the same time, are in ``ledger.duplicates`` as
-    (name, N, meta) when accepted, else skipped. Files ``env-unindexed-*.npz``,
+    recording of env N at the same time, and ``env-N.copy-*.npz``, by a copy of
+    its LedgerEnv, are in ``ledger.duplicates`` as (name, N, meta) when accepted,
+    else skipped; their events in ``ledger.duplicate_events``. ``linked(meta, N)``,
+    if given, says a file's recording is env N of the trainer side's run (the
+    trainer side told it so): such a file is env N's stream where ``env-N.npz`` is
+    not (a copy pickled into a worker, an evaluation env that wrote env-N.npz first),
+    and env-N.npz is then among the duplicates. Files ``env-unindexed-*.npz``,
     written by a LedgerEnv that had no index at its first event, are in
     ``ledger.unindexed`` as (name, meta, events, its first events' columns)
     when accepted, else skipped; they are never a stream.
@@ -405,10 +432,13 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
     (``env-N.npz``, ``env-unindexed-*.npz``) but cannot be read as one (a stray file, a damaged one), and the
     others are read; without it such a file is refused (LedgerError). A directory where no env ledger can be
     read is refused either way.
+
+    ``threads`` open a directory's env ledgers at once (opening one inflates and checks its small members,
+    which releases the GIL); the result is the same.
     """
     path = storage.local_path(os.fspath(path))
     if storage.is_remote(path):
-        return _read_url(path, accept, unread)
+        return _read_url(path, accept, unread, threads=threads)
     if os.path.isdir(path) and not path.endswith(".spill"):
         names: set[str] = set()
         duplicates: list[str] = []
@@ -419,6 +449,9 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 names.add(entry)
             elif _DUP_FILE.match(entry):
                 duplicates.append(entry)
+            elif entry.endswith(".npz.spill") and _DUP_FILE.match(entry[:-6]) and entry[:-6] not in os.listdir(path) \
+                    and _segments(os.path.join(path, entry[:-6])):
+                duplicates.append(entry[:-6])  # a copy killed before its final file
             elif _UNINDEXED_FILE.match(entry):
                 unindexed.add(entry)
             elif entry.endswith(".npz.spill") and _segments(os.path.join(path, entry[:-6])):
@@ -428,7 +461,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                     names.add(entry[:-6])
                 elif _UNINDEXED_FILE.match(entry[:-6]):
                     unindexed.add(entry[:-6])
-        if not names:
+        if not names and not duplicates:
             if unindexed:
                 raise LedgerError("%s: no env ledgers with an index (env-N.npz) in this directory, only %s, "
                                   "recorded by LedgerEnvs that had no index at their first event: %s"
@@ -443,16 +476,22 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         origin: dict[int, str] = {}  # env index -> the file its stream was read from
         refused: list[tuple[str, LedgerError]] = []  # (name, the LedgerError) of files named like env ledgers that cannot be read as one
 
-        def open_file(name: str) -> Any:
-            try:
-                return _read_file(os.path.join(path, name))
-            except LedgerError as exc:
-                if unread is None:
-                    raise
-                refused.append((name, exc))
-                return None
+        ordered = sorted(names, key=_env_file_index)
+        opened = _open_many([os.path.join(path, name) for name in ordered], threads)
 
-        for name in sorted(names, key=_env_file_index):
+        def open_file(name: str) -> Any:
+            got = opened.pop(name) if name in opened else _open_many([os.path.join(path, name)], 1)[name]
+            if isinstance(got, LedgerError):
+                if unread is None:
+                    for led in opened.values():
+                        if isinstance(led, Ledger):
+                            led.close()
+                    raise got
+                refused.append((name, got))
+                return None
+            return got
+
+        for name in ordered:
             sub = open_file(name)
             if sub is None:
                 continue
@@ -473,17 +512,34 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                     raise LedgerError("%s: env %d appears in more than one file (%s and %s)"
                                       % (path, idx, origin[idx], name))
                 streams[idx], origin[idx] = stream, name
+        side_events: dict[str, int] = {}
         for name in sorted(duplicates):
+            idx = _dup_file_index(name)
             try:
-                with _read_file(os.path.join(path, name)) as sub:
-                    dup_meta = dict(sub.meta)
+                sub = _read_file(os.path.join(path, name))
             except LedgerError:
                 continue  # a second recording cut short: nothing to name
+            dup_meta = dict(sub.meta)
             reason = accept(dup_meta, name) if accept else None
             if reason:
                 skipped.append((name, reason))
-            else:
-                dups.append((name, _dup_file_index(name), dup_meta))
+                sub.close()
+                continue
+            if (linked is not None and linked(dup_meta, idx) and idx in sub.streams
+                    and (idx not in streams or not linked(streams[idx].meta, streams[idx].meta.get(S.META_POSITION)))
+                    and (meta is None or _meta_key(sub.meta) == _meta_key(meta))):
+                # the recording the trainer side linked as env idx: its stream is env idx's
+                if idx in streams:
+                    dups.append((origin[idx], idx, dict(streams[idx].meta)))
+                    side_events[origin[idx]] = len(streams[idx])
+                files += sub._files
+                partial |= sub.partial
+                meta = sub.meta if meta is None else meta
+                streams[idx], origin[idx] = sub.streams[idx], name
+                continue
+            with sub:
+                side_events[name] = sub.n_events()
+            dups.append((name, idx, dup_meta))
         lost: list[tuple[str, Meta, int, Columns | None]] = []
         for name in sorted(unindexed):
             sub = open_file(name)
@@ -498,6 +554,9 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 n = len(only) if only is not None else 0
                 first = {k: np.asarray(v) for k, v in _first_rows(only).items()} if only is not None and n else None
                 lost.append((name, dict(sub.meta), n, first))
+        if meta is None and not skipped and not refused and dups:
+            raise LedgerError("%s: no env ledgers (env-N.npz) in this directory, only %s, recorded by copies of "
+                              "LedgerEnvs (docs/INDICES.md)" % (path, _named([name for name, _, _ in dups])))
         if refused:
             if meta is None and not skipped:
                 raise refused[0][1]  # nothing there can be read: the first file's error
@@ -508,8 +567,24 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         else:
             ledger = Ledger(path, meta, dict(sorted(streams.items())), partial, files)
         ledger.skipped, ledger.duplicates, ledger.unindexed = skipped, dups, lost
+        ledger.duplicate_events, ledger.origin = side_events, origin
         return ledger
     return _read_file(path)
+
+
+def _open_many(paths: list[str], threads: int) -> dict[str, Ledger | LedgerError]:
+    """Each ledger file of ``paths`` read (``_read_file``), or the LedgerError it raised, by base name;
+    ``threads`` at once."""
+    def one(p: str) -> Ledger | LedgerError:
+        try:
+            return _read_file(p)
+        except LedgerError as exc:
+            return exc
+    if threads <= 1 or len(paths) <= 1:
+        return {os.path.basename(p): one(p) for p in paths}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(threads, len(paths))) as pool:
+        return dict(zip((os.path.basename(p) for p in paths), pool.map(one, paths)))
 
 
 def _env_file_index(name: str) -> int:
@@ -567,7 +642,8 @@ def _read_file(path: str) -> Ledger:
     return Ledger(path, meta, streams, partial, files)
 
 
-def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None) -> Ledger:
+def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
+              threads: int = 1) -> Ledger:
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
     The copy is removed when the Ledger is closed. Error messages name the URL.
@@ -592,7 +668,7 @@ def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, st
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
             storage.fetch(url, local)
             storage.fetch_all(_segment_copies(url, local))
-        ledger = read_ledger(local, accept, unread)
+        ledger = read_ledger(local, accept, unread, threads=threads)
     except LedgerError as exc:
         tmp.cleanup()
         raise type(exc)(str(exc).replace(local, url)) from None
@@ -644,6 +720,15 @@ def _ledgers_in(directory: str, names: Iterable[str], match: Callable[[str], boo
                 continue
         found.add(base)
     return [storage.join(directory, n) if remote else os.path.join(directory, n) for n in sorted(found)]
+
+
+def other_ledgers(directory: LedgerPath) -> list[str]:
+    """The paths of the ledgers in ``directory`` (a local path or a URL) that are not env ledgers by their names
+    (trainer ledgers, for ``stepledger show DIR``), a ledger killed before its final file found by its segments."""
+    text = storage.local_path(os.fspath(directory))
+    remote = storage.is_remote(text)
+    text = text.rstrip("/") if remote else text
+    return _ledgers_in(text, storage.listdir(text) if remote else os.listdir(text), lambda n: True)
 
 
 def trainer_paths(spec: TrainerSpec) -> list[tuple[str, bool]]:

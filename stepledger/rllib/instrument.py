@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from stepledger.format import schema as S
 from stepledger.format import storage
 from stepledger.gymnasium.env import LedgerEnv
 from stepledger.errors import SettingsError
@@ -82,9 +83,10 @@ class LedgeredEnvCreator:
     the same ``EnvContext``: its ``vector_index`` is always 0).
     """
 
-    def __init__(self, env, directory, reward_dtype=np.float32, keep_values=False, flush_interval=None):
+    def __init__(self, env, directory, reward_dtype=np.float32, keep_values=False, flush_interval=None, live=False):
         self.env, self.directory = env, directory
         self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
+        self.live = live
         self.fault = None  # set by inject(..., place="wrapper"): a FaultyEnv outside LedgerEnv
         self.maker = None  # what builds the user's env, once looked up (see _look_up)
 
@@ -119,10 +121,14 @@ class LedgeredEnvCreator:
             if self.fault is not None:
                 raise SettingsError("stepledger.rllib.inject: place='wrapper' faults are single-agent only so far; "
                                     "this env is a MultiAgentEnv")
+            if getattr(self, "live", False):
+                raise SettingsError("stepledger.rllib.instrument: live=True is single-agent only so far; "
+                                    "this env is a MultiAgentEnv")
             return LedgerMultiAgentEnv(inner, self.directory, reward_dtype=self.reward_dtype,
                                        keep_values=self.keep_values, flush_interval=self.flush_interval)
         env = LedgerEnv(inner, self.directory, reward_dtype=self.reward_dtype,
-                        keep_values=self.keep_values, flush_interval=self.flush_interval)
+                        keep_values=self.keep_values, flush_interval=self.flush_interval,
+                        live=getattr(self, "live", False))
         if self.fault is not None:
             # index=None: it takes LedgerEnv's once that has it (given in on_environment_created)
             env = FaultyEnv(env, self.fault["fault"], index=None, at=self.fault["at"], target=self.fault["env_index"],
@@ -207,15 +213,37 @@ def _tag_episode(env_runner, episode, env_index, **_):
     episode.custom_data[TAG] = base + int(env_index)
 
 
-def _on_sample_end(settings, env_runner, samples=None, **_):
-    """on_sample_end: with the runner placement, record the episodes before they cross the object store.
-    Then, as the runner goes idle until its next sample() call, spill now what is due, so that a cluster
-    killed in between keeps every event up to the last sample() that ended past an interval."""
+def _on_sample_end(settings, env_runner, samples=None, metrics_logger=None, **_):
+    """on_sample_end: with the runner placement, record the episodes before they cross the object store; with
+    live, check them against their live tokens and log the counts in the runner's metrics. Then, as the runner
+    goes idle until its next sample() call, spill now what is due, so that a cluster killed in between keeps
+    every event up to the last sample() that ended past an interval."""
     if env_runner.config.in_evaluation:
         return
     if settings["placement"] == "runner" and samples:
         _runner_recorder(settings, env_runner).record(samples)
+    if settings.get("live") and samples:
+        _live_check(settings, env_runner, samples, metrics_logger)
     attend()
+
+
+def _live_check(settings, env_runner, samples, metrics_logger):
+    """The live check on an env runner: the episodes sample() returns (the runner placement's view) against the
+    live tokens LedgerEnv(live=True) put in their infos; the counts go to RLlib's metrics (lifetime sums, under
+    live.METRIC_FAULTS and live.METRIC_CHECKED: ``result["env_runners"][name]``, summed over the runners)."""
+    checker = getattr(env_runner, "_stepledger_live", None)
+    if checker is None:
+        base = getattr(env_runner, "_stepledger_base", None)
+        base = runner_base(env_runner) if base is None else base
+        checker = env_runner._stepledger_live = EpisodeRecorder(
+            None, base + int(env_runner.num_envs), env_runner.config, reward_dtype=settings["reward_dtype"], live=True)
+        checker.logged = {}
+    checker.record(samples)
+    counts = checker.ledger.live_metrics() if checker.ledger is not None else {}
+    if metrics_logger is not None:
+        for name, value in counts.items():
+            metrics_logger.log_value(name, value - checker.logged.get(name, 0), reduce="lifetime_sum")
+    checker.logged = counts
 
 
 def pending_resets(env_runner):
@@ -304,6 +332,11 @@ def env_actions(actions, action_space, config):
     return actions
 
 
+def _token(info):
+    """The live token in an event's info (LedgerEnv(live=True) puts it there), or None."""
+    return info.get(S.TOKEN_KEY) if isinstance(info, dict) else None
+
+
 def _flags(m, last):
     flags = np.zeros(m, dtype=bool)
     if m and last:
@@ -319,10 +352,11 @@ class EpisodeRecorder:
     """
 
     def __init__(self, path, num_envs, config, reward_dtype=np.float32, keep_values=False, flush_interval=None,
-                 agents=None):
+                 agents=None, live=False):
         self.path, self.num_envs, self.config = path, int(num_envs), config
         self.agents = agents  # a multi-agent run's possible agents: agent k of env e is stream e * n + k
         self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
+        self.live = live  # check each event against the live token in its info (path None: the check alone)
         self.ledger = None
         self.next_t = {}  # env -> the t the next chunk of that env must start at
         self.untagged = 0
@@ -334,7 +368,8 @@ class EpisodeRecorder:
         from stepledger.recording.trainer import TrainerLedger
         self.ledger = TrainerLedger(self.path, self.num_envs, episode.observation_space, episode.action_space,
                                     reward_dtype=self.reward_dtype, keep_values=self.keep_values,
-                                    flush_interval=self.flush_interval)
+                                    flush_interval=self.flush_interval, live=self.live, on_fault="warn",
+                                    owner="stepledger.rllib")
 
     def record(self, episodes, positions=None):
         """Record episodes (chunks, slices). With ``positions`` (a learner's: ``EpisodePositions.of``), each
@@ -376,7 +411,8 @@ class EpisodeRecorder:
             self._at(env, base + (0 if t == 0 and not again else 1 + t), m + (t == 0 and not again))
         if t == 0:
             if not again:
-                self.ledger.env_reset(env, ep.get_observations(0))  # without the lookback buffer
+                token = _token(ep.get_infos(0)) if self.live else None
+                self.ledger.env_reset(env, ep.get_observations(0), token)  # without the lookback buffer
                 self.reset_of[env] = ep.id_
         elif base is None and self.next_t.get(env) != t:
             warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at %s: "
@@ -386,8 +422,9 @@ class EpisodeRecorder:
         if m == 0:
             return
         actions = env_actions(ep.get_actions(), ep.action_space, self.config)
+        tokens = [_token(info) for info in ep.get_infos(slice(1, None))] if self.live else None
         self.ledger.env_steps(env, actions, ep.get_observations(slice(1, None)), np.asarray(ep.get_rewards()),
-                              _flags(m, ep.is_terminated), _flags(m, ep.is_truncated))
+                              _flags(m, ep.is_terminated), _flags(m, ep.is_truncated), tokens)
 
     def _at(self, env, offset, n):
         """The next n events of env are at ``offset`` of its stream: a new fragment where they do not follow
@@ -648,7 +685,7 @@ def _append(existing, fn):
 
 def instrument(config: AlgorithmConfig, path: str | os.PathLike[str], *, placement: Placement = "auto",
                reward_dtype: Any = np.float32, keep_values: bool = False,
-               flush_interval: float | None = None) -> AlgorithmConfig:
+               flush_interval: float | None = None, live: bool = False) -> AlgorithmConfig:
     """Record both sides of an RLlib run into ``path`` (a directory or an fsspec URL); returns the config.
 
     The user's env, callbacks, connectors and learner keep working as they
@@ -666,6 +703,10 @@ def instrument(config: AlgorithmConfig, path: str | os.PathLike[str], *, placeme
             just sampled, ``"runner"`` for the others (a replay buffer or an aggregator stands between the
             runners and the learners there, so the learners' batches are not the episodes in order).
         reward_dtype, keep_values, flush_interval: as for ``LedgerEnv``.
+        live: also check, on each env runner, the episodes ``sample()`` returns against the live tokens
+            ``LedgerEnv(live=True)`` puts in each event's info, as they come: a fault warns in the runner, and
+            the counts go to RLlib's metrics (``result["env_runners"][name]``, summed over the runners, under the
+            names ``stepledger.recording.live.METRIC_FAULTS`` and ``METRIC_CHECKED``: docs/LIVE.md).
     """
     try:
         from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -702,8 +743,8 @@ def instrument(config: AlgorithmConfig, path: str | os.PathLike[str], *, placeme
         placement = "learner" if isinstance(config, PPOConfig) else "runner"
     user_env = config.env
     settings = dict(run=uuid.uuid4().hex[:16], path=path, placement=placement, reward_dtype=reward_dtype,
-                    keep_values=keep_values, flush_interval=flush_interval)
-    creator = LedgeredEnvCreator(user_env, path, reward_dtype, keep_values, flush_interval)
+                    keep_values=keep_values, flush_interval=flush_interval, live=bool(live))
+    creator = LedgeredEnvCreator(user_env, path, reward_dtype, keep_values, flush_interval, bool(live))
     config.environment(env=type("LedgeredEnv", (LedgeredEnv,), {"creator": creator}))
     # evaluation runners build the user's env itself: their episodes reach no learner
     evaluation = config.evaluation_config

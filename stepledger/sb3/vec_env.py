@@ -24,7 +24,7 @@ from stepledger.recording.placement import check_placement, slot_infos
 from stepledger.recording.adapters import TrainerAdapter
 from stepledger.recording.trainer import DONE_FLAGS, OnFault
 
-__all__ = ["BoundaryFault", "LedgerVecEnv", "StopOnBoundaryFault"]
+__all__ = ["BoundaryFault", "LedgerVecEnv", "LogLiveCheck", "StopOnBoundaryFault"]
 
 _TIME_LIMIT = "TimeLimit.truncated"
 _TERMINAL_OBS = "terminal_observation"
@@ -140,13 +140,57 @@ class LedgerVecEnv(TrainerAdapter, VecEnvWrapper):
 
 
 
-class StopOnBoundaryFault(BaseCallback):
+def _live_ledger(training_env: Any, owner: str) -> LedgerVecEnv:
+    """The LedgerVecEnv(live=True) in a model's VecEnv; ValueError where there is none."""
+    env: Any = training_env
+    while env is not None and not isinstance(env, LedgerVecEnv):
+        env = getattr(env, "venv", None)
+    if env is None or not env.live:
+        raise ValueError("%s: the model's VecEnv has no LedgerVecEnv(..., live=True) in it" % owner)
+    return env
+
+
+class LogLiveCheck(BaseCallback):
+    """Puts the live check's counts in the model's logger, where training is watched (TensorBoard, CSV, JSON or
+    any SB3 output format): the boundary faults found so far and the events checked against their live tokens
+    so far, under the names ``stepledger.recording.live.METRIC_FAULTS`` and ``METRIC_CHECKED`` (docs/LIVE.md),
+    recorded at the end of each rollout, so that each of the logger's rows has them. It changes nothing else: what a fault does is still the LedgerVecEnv's ``on_fault`` ("warn" or
+    "record" to train on past faults; ``StopOnBoundaryFault`` logs them too, and stops).
+
+    Example::
+
+        venv = LedgerVecEnv(SubprocVecEnv(fns), None, live=True, on_fault="warn")
+        model = PPO("MlpPolicy", venv, tensorboard_log="runs")
+        model.learn(1_000_000, callback=LogLiveCheck())
+    """
+
+    def __init__(self, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.ledger: LedgerVecEnv | None = None
+
+    def _init_callback(self) -> None:
+        self.ledger = _live_ledger(self.training_env, type(self).__name__)
+
+    def _record(self) -> None:
+        for key, value in self.ledger.live_metrics().items():  # type: ignore[union-attr]  # _init_callback set it
+            self.logger.record(key, value)
+
+    def _on_rollout_end(self) -> None:
+        self._record()
+
+    def _on_step(self) -> bool:
+        return True
+
+
+class StopOnBoundaryFault(LogLiveCheck):
     """Stops ``learn()`` cleanly at the first boundary fault the live check finds.
 
     The run's LedgerVecEnv must have ``live=True``; the callback makes it
     keep faults instead of raising them, and ends training after the step
     where the first one was seen, so the model and logs up to that step can
-    be saved. The fault is in ``callback.fault``.
+    be saved. The fault is in ``callback.fault``. As ``LogLiveCheck`` does, it
+    puts the live check's counts in the model's logger at the end of each
+    rollout, and once more when it stops (a last row of the logger's output).
 
     Example::
 
@@ -160,16 +204,10 @@ class StopOnBoundaryFault(BaseCallback):
     def __init__(self, verbose: int = 0) -> None:
         super().__init__(verbose)
         self.fault: BoundaryFault | None = None
-        self.ledger: LedgerVecEnv | None = None
 
     def _init_callback(self) -> None:
-        env: Any = self.training_env
-        while env is not None and not isinstance(env, LedgerVecEnv):
-            env = getattr(env, "venv", None)
-        if env is None or not env.live:
-            raise ValueError("StopOnBoundaryFault: the model's VecEnv has no LedgerVecEnv(..., live=True) in it")
-        self.ledger = env
-        env.set_on_fault("record")
+        super()._init_callback()
+        self.ledger.set_on_fault("record")  # type: ignore[union-attr]  # just set
 
     def _on_step(self) -> bool:
         faults = self.ledger.live_faults  # type: ignore[union-attr]  # _init_callback set it
@@ -177,5 +215,9 @@ class StopOnBoundaryFault(BaseCallback):
             self.fault = faults[0]
             if self.verbose:
                 print("stepledger: stopping training at a boundary fault: %s" % self.fault)
+            self._record()
+            # learn() ends before it would write this rollout's row: written here, at the step it stopped at
+            self.logger.record("time/total_timesteps", self.num_timesteps)
+            self.logger.dump(self.num_timesteps)
             return False
         return True

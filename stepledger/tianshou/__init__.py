@@ -18,13 +18,13 @@ from stepledger._moved import lazy_face
 
 if TYPE_CHECKING:  # what an editor and a type checker see; at run time each name is imported on first use
     from stepledger.tianshou.check import check_collector
-    from stepledger.tianshou.collector import LedgerCollector
-    from stepledger.tianshou.envs import LedgerEnvFn, ledger_env_fns
+    from stepledger.tianshou.collector import LedgerCollector, LedgerMultiAgentCollector
+    from stepledger.tianshou.envs import LedgerEnvFn, LedgerPettingZooEnvFn, ledger_env_fns, ledger_pettingzoo_env_fns
     from stepledger.tianshou.faults import VECTOR_FAULTS, FaultyVectorEnv, inject_in_worker
 
 _NAMES = {
-    **dict.fromkeys(("LedgerEnvFn", "ledger_env_fns"), "envs"),
-    **dict.fromkeys(("LedgerCollector",), "collector"),
+    **dict.fromkeys(("LedgerEnvFn", "LedgerPettingZooEnvFn", "ledger_env_fns", "ledger_pettingzoo_env_fns"), "envs"),
+    **dict.fromkeys(("LedgerCollector", "LedgerMultiAgentCollector"), "collector"),
     **dict.fromkeys(("VECTOR_FAULTS", "FaultyVectorEnv", "inject_in_worker"), "faults"),
     **dict.fromkeys(("check_collector",), "check"),
 }

@@ -38,7 +38,7 @@ from tianshou.data import Batch, CachedReplayBuffer, Collector, ReplayBuffer, Re
 from stepledger.format.schema import LINK_ATTR
 from stepledger.recording.trainer import TrainerLedger
 
-__all__ = ["LedgerCollector"]
+__all__ = ["LedgerCollector", "LedgerMultiAgentCollector"]
 
 try:
     from tianshou.data import HERReplayBuffer, HERReplayBufferManager
@@ -230,6 +230,30 @@ class _Book:
                 self._pending_reset[i] = None
 
     def _record(self, steps, resets):
+        rows, batch, seqs, actions = self._read(steps)
+        # each env's events in order: its resets and the runs of its steps between them
+        for i in sorted(set(rows) | {int(j) for _, r_ids, _ in resets for j in r_ids}):
+            mine, start, m = rows.get(i, (np.zeros(0, np.int64), 0, 0))
+            step_seqs = seqs[mine]
+            pieces = []
+            for seq, r_ids, r_obs in resets:
+                where = np.flatnonzero(r_ids == i)
+                if len(where):
+                    pieces.append((seq, r_obs[int(where[0])]))
+            at = 0
+            for seq, obs in pieces:
+                upto = int(np.searchsorted(step_seqs, seq))
+                if upto > at:
+                    self._run(i, batch, actions, mine, start, at, upto)
+                self._reset(i, obs)
+                at = upto
+            if m > at:
+                self._run(i, batch, actions, mine, start, at, m)
+
+    def _read(self, steps):
+        """The transitions the vector steps ``steps`` added to the buffer: ``rows[i] = (mine, start, m)`` for
+        env i (its entries in the steps, its first row in ``batch``, how many), the batch read back through the
+        buffer (or None), and each step entry's sequence number and action."""
         if steps:
             ids = np.concatenate([s[1] for s in steps])
             seqs = np.concatenate([np.full(len(s[1]), s[0]) for s in steps])
@@ -267,24 +291,7 @@ class _Book:
             flat = np.concatenate(index)
             if len(flat):
                 batch = _transitions(self.buffer[flat], flat)
-        # each env's events in order: its resets and the runs of its steps between them
-        for i in sorted(set(rows) | {int(j) for _, r_ids, _ in resets for j in r_ids}):
-            mine, start, m = rows.get(i, (np.zeros(0, np.int64), 0, 0))
-            step_seqs = seqs[mine]
-            pieces = []
-            for seq, r_ids, r_obs in resets:
-                where = np.flatnonzero(r_ids == i)
-                if len(where):
-                    pieces.append((seq, r_obs[int(where[0])]))
-            at = 0
-            for seq, obs in pieces:
-                upto = int(np.searchsorted(step_seqs, seq))
-                if upto > at:
-                    self._run(i, batch, actions, mine, start, at, upto)
-                self._reset(i, obs)
-                at = upto
-            if m > at:
-                self._run(i, batch, actions, mine, start, at, m)
+        return rows, batch, seqs, actions
 
     def _reset(self, i, obs):
         if self._pending_step[i] is not None:  # the last step before the reset: its obs is its obs_next
@@ -396,3 +403,123 @@ def _link_dummy_envs(venv, ledger):
         env = getattr(worker, "env", None)
         if env is not None and hasattr(type(env), LINK_ATTR):
             setattr(env, LINK_ATTR, (ledger.run, i))
+
+
+class LedgerMultiAgentCollector(LedgerCollector):
+    """A ``LedgerCollector`` for Tianshou's multi-agent path: ``PettingZooEnv`` envs, a ``MultiAgentPolicy``
+    (``MultiAgentOffPolicyAlgorithm`` / ``MultiAgentOnPolicyAlgorithm``), one stream an agent.
+
+    Each env's transitions are split by agent as Tianshou's ``MARLDispatcher`` splits them for the
+    agents' algorithms: agent ``a``'s transitions are those whose ``obs.agent_id`` is ``a``, and its reward
+    is column ``agent_idx[a]`` of their ``rew``. Agent ``a``'s stream is then built as ``LedgerCollector``
+    builds an env's: its episode's first transition's ``obs`` is its reset, each transition's ``act`` a step
+    closed by the ``obs`` of the agent's next transition, and at its last transition before a reset its
+    ``obs_next``. Agent ``k`` of ``possible_agents`` in env ``i`` is stream ``i * len(possible_agents) + k``:
+    the env side is ``LedgerAECEnv`` in each env (``stepledger.tianshou.ledger_pettingzoo_env_fns``).
+    Tianshou's observation ``{"agent_id", "obs", "mask"}`` is recorded as the env gave it,
+    ``{"observation": obs, "action_mask": mask}`` (the mask as the env's dtype), where the env's space is a
+    Dict of those two.
+    """
+
+    def __init__(self, policy, env, buffer=None, *args, path, reward_dtype=np.float32, flush_interval=None,
+                 **kwargs):
+        Collector.__init__(self, policy, env, buffer, *args, **kwargs)
+        _check_buffer(self.buffer)
+        venv = self.env
+        first = getattr(next(iter(getattr(venv, "workers", ())), None), "env", None)
+        agents = list(getattr(first, "agents", None) or venv.get_env_attr("agents", [0])[0])
+        obs_space, act_space = _spaces(venv)
+        n = len(venv)
+        self.agents = agents
+        self.ledger = TrainerLedger(path, n * len(agents), obs_space, act_space, reward_dtype=reward_dtype,
+                                    flush_interval=flush_interval, owner="LedgerMultiAgentCollector")
+        self._book = _AgentBook(self.ledger, self.buffer, n, agents, obs_space)
+        self.env = _VectorTap(venv, self._book)
+
+
+class _AgentBook(_Book):
+    """A ``_Book`` whose env streams are split by agent, as MARLDispatcher hands them to the agents' algorithms."""
+
+    def __init__(self, ledger, buffer, n, agents, obs_space):
+        super().__init__(ledger, buffer, n)
+        self.agents = list(agents)
+        self._index = {a: k for k, a in enumerate(self.agents)}
+        masked = getattr(obs_space, "spaces", None)
+        self._mask_dtype = (masked["action_mask"].dtype if masked is not None and "action_mask" in masked
+                            else None)
+        m = n * len(self.agents)
+        self._in_play = [False] * m
+        self._pending_reset = [None] * m
+        self._pending_step = [None] * m
+
+    def _stream(self, i, agent_id):
+        return i * len(self.agents) + self._index[agent_id.item() if hasattr(agent_id, "item") else agent_id]
+
+    def _env_obs(self, obs, row):
+        """Row ``row`` of Tianshou's observations as the env gave it."""
+        if self._mask_dtype is None:
+            return _take(obs["obs"], row)
+        return {"action_mask": np.asarray(_take(obs["mask"], row)).astype(self._mask_dtype),
+                "observation": _take(obs["obs"], row)}
+
+    def _record(self, steps, resets):
+        rows, batch, seqs, actions = self._read(steps)
+        for i in sorted(set(rows) | {int(j) for _, r_ids, _ in resets for j in r_ids}):
+            mine, start, m = rows.get(i, (np.zeros(0, np.int64), 0, 0))
+            events = [(int(seqs[mine[j]]), 1, j) for j in range(m)]
+            for seq, r_ids, r_obs in resets:
+                where = np.flatnonzero(r_ids == i)
+                if len(where):
+                    events.append((seq, 0, r_obs[int(where[0])]))
+            for seq, kind, what in sorted(events, key=lambda e: (e[0], e[1])):
+                if kind == 0:
+                    self._agent_reset(i, what)
+                else:
+                    self._agent_step(i, batch, _take(actions, slice(int(mine[what]), int(mine[what]) + 1)),
+                                     start + what)
+
+    def _agent_reset(self, i, obs):
+        """Env i was reset: every agent's last step is closed by its obs_next, and each starts anew."""
+        for s in range(i * len(self.agents), (i + 1) * len(self.agents)):
+            if self._pending_step[s] is not None:
+                self._finish_step(s)
+            if self._pending_reset[s] is not None:  # a reset that none of its transitions followed
+                self.ledger.env_reset(s, self._pending_reset[s])
+                self._pending_reset[s] = None
+            self._in_play[s] = False
+        s = self._stream(i, obs["agent_id"])
+        self._pending_reset[s] = self._env_obs(obs, slice(None))
+
+    def _agent_step(self, i, batch, act, row):
+        s = self._stream(i, batch["obs"]["agent_id"][row])
+        obs = self._env_obs(batch["obs"], row)
+        if self._pending_step[s] is not None:
+            self._finish_step(s, _batch_of_one(obs))
+        elif not self._in_play[s]:
+            self.ledger.env_reset(s, obs)
+        self._pending_reset[s] = None
+        self._in_play[s] = True
+        k = s % len(self.agents)
+        self._pending_step[s] = (int(batch["index"][row]), act, batch["rew"][row:row + 1, k],
+                                 batch["terminated"][row:row + 1], batch["truncated"][row:row + 1])
+
+    def _finish_step(self, s, obs=None):
+        index, act, rew, term, trunc = self._pending_step[s]
+        self._pending_step[s] = None
+        if obs is None:
+            obs = _batch_of_one(self._env_obs(_plain(self.buffer[np.array([index])].obs_next), 0))
+        self.ledger.env_steps(s, act, obs, rew, term, trunc)
+
+    def _record_pending(self):
+        for s in range(len(self._pending_step)):
+            if self._pending_step[s] is not None:
+                self._finish_step(s)
+            if self._pending_reset[s] is not None:
+                self.ledger.env_reset(s, self._pending_reset[s])
+                self._pending_reset[s] = None
+
+
+def _batch_of_one(value):
+    if isinstance(value, dict):
+        return {k: _batch_of_one(v) for k, v in value.items()}
+    return np.asarray(value)[None]

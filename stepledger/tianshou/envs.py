@@ -17,7 +17,7 @@ ledger (a recording that recorded nothing claims nothing; docs/ENDINGS.md).
 
 from stepledger.gymnasium.env import LedgerEnv
 
-__all__ = ["LedgerEnvFn", "ledger_env_fns"]
+__all__ = ["LedgerEnvFn", "LedgerPettingZooEnvFn", "ledger_env_fns", "ledger_pettingzoo_env_fns"]
 
 
 class LedgerEnvFn:
@@ -70,3 +70,32 @@ def ledger_env_fns(make_env, num_envs, directory, **kwargs):
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError("ledger_env_fns: num_envs must be a positive int, got %r" % (num_envs,))
     return [LedgerEnvFn(make_env, directory, i, **kwargs) for i in range(num_envs)]
+
+
+class LedgerPettingZooEnvFn(LedgerEnvFn):
+    """A picklable factory for Tianshou's multi-agent path: ``PettingZooEnv`` around ``LedgerAECEnv(make_env(),
+    directory, index=index)``, the turn-based env side (``stepledger.pettingzoo.LedgerAECEnv``).
+
+    ``PettingZooEnv`` resets its env when it is built, a reset no trainer ever sees: it is made around the
+    env itself, and ``LedgerAECEnv`` put in after, so that the ledger starts with the collector's first reset.
+    ``wrap(env, index)`` goes outside ``LedgerAECEnv``, inside ``PettingZooEnv`` (a turn-based fault injector).
+    """
+
+    def __call__(self):
+        from tianshou.env import PettingZooEnv
+        from stepledger.pettingzoo.aec import LedgerAECEnv
+
+        env = self.make_env(self.index) if self.pass_index else self.make_env()
+        outer = PettingZooEnv(env)
+        inner = LedgerAECEnv(env, self.directory, index=self.index, **self.ledger_kwargs)
+        outer.env = inner if self.wrap is None else self.wrap(inner, self.index)
+        return outer
+
+
+def ledger_pettingzoo_env_fns(make_env, num_envs, directory, **kwargs):
+    """``[LedgerPettingZooEnvFn(make_env, directory, i, **kwargs) for i in range(num_envs)]``: the ``env_fns``
+    of a Tianshou vector env of ``PettingZooEnv`` envs, env i recording ``directory/env-{i}.npz`` (one stream
+    an agent), for ``LedgerMultiAgentCollector``."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError("ledger_pettingzoo_env_fns: num_envs must be a positive int, got %r" % (num_envs,))
+    return [LedgerPettingZooEnvFn(make_env, directory, i, **kwargs) for i in range(num_envs)]

@@ -214,3 +214,24 @@ def test_vector_batches_of_variable_spaces_agree(name, n):
         assert rec.last_act.tolist() == [F.INVALID_DIGEST] * n
     assert got[0] == got[1] == [F.digest_leaves(layout.cast(v)) for v in values]
     assert F.INVALID_DIGEST not in got[0]
+
+
+def _withheld_columns(core):
+    layout = LeafLayout(gs.Box(-1, 1, (3,), np.float32))
+    acts = LeafLayout(gs.Box(-1, 1, (1,), np.float32))
+    bufs = [core.StreamBuffer() for _ in range(2)]
+    rec = core.VectorRecorder(bufs, layout, acts, True)
+    rec.env_reset(0, np.zeros(3, np.float32))
+    rec.env_steps(0, np.ones((2, 1), np.float32), np.ones((2, 3), np.float32), [1.0, 2.0], [False, False],
+                  [False, False])
+    rec.env_steps(0, np.ones((1, 1), np.float32), None, [3.0], [False], [True])  # the final obs withheld
+    rec.env_reset(0, None)  # a reset whose obs no batch brought
+    return bufs[0].columns()
+
+
+def test_withheld_observations_agree_and_carry_the_marker():
+    c, f = _withheld_columns(C), _withheld_columns(F)
+    for name in c:
+        assert c[name].tolist() == f[name].tolist(), name
+    assert c["h_obs"].tolist()[3:] == [C.WITHHELD_DIGEST, C.WITHHELD_DIGEST] and C.WITHHELD_DIGEST == F.WITHHELD_DIGEST
+    assert C.WITHHELD_DIGEST not in (C.MISSING_DIGEST, C.INVALID_DIGEST)

@@ -7,20 +7,11 @@ in place of PPO (benchmarks/detection.py runs the PPO version).
 
 import pytest
 
-from fault_harness import HARNESSES, N_ENVS, rollout
+from fault_harness import DOSES, HARNESSES, N_ENVS, assert_located, rollout, steps_for
 from stepledger.check import is_located
 from stepledger.report.compare import EnvDifference
 from stepledger.faults import FAULTS, reported_fields
 
-DOSES = ("one", 0.01, "all")
-
-
-def _steps(fault, dose):
-    """Enough steps that a 1% dose meets an opportunity: episode-end faults have few."""
-    if dose != 0.01:
-        return 60
-    ends = fault.split(":")[0] in ("final-obs", "terminated", "truncated")
-    return 3000 if ends else 400
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
@@ -34,17 +25,8 @@ def test_clean_control(tmp_path, harness):
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("harness", HARNESSES)
 def test_fault_is_caught_and_located(tmp_path, harness, fault, dose):
-    report, firsts = rollout(str(tmp_path), harness, fault, dose, steps=_steps(fault, dose))
-    assert firsts, "the fault was never injected: no opportunity in this rollout"
-    assert not report.ok
-    by_env = report.by_env()
-    for env, first in firsts.items():
-        d = by_env.get(env)
-        assert d is not None, "env %d was hit (%s) but compare found no difference:\n%s" % (env, first, report)
-        assert is_located(d, first), "env %d hit at %s, compare said: %s" % (env, first, d.line())
-    # envs the fault never touched compare clean
-    for env in set(range(N_ENVS)) - set(firsts):
-        assert env not in by_env, by_env[env].line()
+    report, firsts = rollout(str(tmp_path), harness, fault, dose, steps=steps_for(fault, dose))
+    assert_located(report, firsts)
 
 
 def _at(fields, what="fields", episode=2, step=5):

@@ -112,7 +112,7 @@ def test_readme_flow_on_s3(s3, bucket, tmp_path, marker):
     cmd = _cli(env, tmp_path, "compare", url, url + "/trainer.npz")
     assert cmd.returncode == 0 and cmd.stdout.strip() == "0 of 4 envs differ", cmd.stdout + cmd.stderr
     show = _cli(env, tmp_path, "show", url)
-    assert show.returncode == 0 and show.stdout.startswith(url + ": env side"), show.stdout + show.stderr
+    assert show.returncode == 0 and show.stdout.startswith(url + ": a directory of 4 env ledgers and 1 trainer ledger"), show.stdout + show.stderr
     assert not os.path.exists(tmp_path / "unpublished")  # nothing failed, nothing kept
 
 

@@ -69,7 +69,9 @@ def _record(directory, steps=40, fault=False, vector="sync", target=1, keep_valu
         return env
 
     fns = [functools.partial(make, i) for i in range(N_ENVS)]
-    inner = gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns)
+    inner = gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns, context="fork")
+    # fork, whatever start method the process has (importing torchrl sets spawn): a spawned worker knows no objfile://
+    # registration, and AsyncVectorEnv's env made in this process (its spaces) would go to the workers pickled
     trainer = storage.join(directory, "trainer.npz")
     envs = LedgerVectorEnv(inner, trainer, keep_values=keep_values)
     envs.reset(seed=0)
@@ -161,7 +163,7 @@ def test_command_line(tmp_path, kind):
     assert (diff["env"], diff["episode"], diff["step"], diff["fields"]) == (1, first["episode"], first["step"],
                                                                             ["reward"])
     proc = _cli("show", d)
-    assert proc.returncode == 0 and proc.stdout.startswith(storage.local_path(d) + ": env side"), proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout.startswith(storage.local_path(d) + ": a directory of"), proc.stdout + proc.stderr
 
 
 def test_object_store_across_processes(tmp_path):
@@ -189,6 +191,9 @@ def test_sb3_trainer_side_at_a_url(tmp_path):
     d = _dest("memory", tmp_path)
 
     def make(i):
+        # in the worker too: a worker started by spawn or forkserver (the start method another test or library may
+        # have set for the process) does not inherit the parent's registry
+        fsspec.register_implementation("objfile", ObjFileSystem, clobber=True)
         env = LedgerEnv(gym.make("Pendulum-v1", max_episode_steps=15), d, index=i)
         return FaultyEnv(env, "reward:f16", index=i, at=5, target=1)
 

@@ -99,3 +99,17 @@ def test_multiagent_overhead_quick(tmp_path):
         for config in ("none", "env", "trainer", "both", "both, live=True"):
             assert "\n| %s | %s |" % (form, config) in out, out
     assert "Inside the run" in out and "µs per agent step" in out
+
+
+def test_compare_scale_quick(tmp_path):
+    out = run_quick("compare_scale.py", tmp_path)
+    assert "## Compare at scale" in out
+    assert "| --jobs 1 |" in out and "| --jobs 2 |" in out
+    assert "| 4 x 600,000 |" in out and "local, 40 envs" in out
+    assert not [p for p in os.listdir(str(tmp_path)) if p.startswith("stepledger-")], "temporary files left behind"
+
+
+def test_aec_overhead_quick(tmp_path):
+    pytest.importorskip("pettingzoo")
+    out = run_quick("aec_overhead.py", tmp_path)
+    assert "bare loop: " in out and "LedgerAECEnv (env side): +" in out and "(both sides): +" in out, out

@@ -50,8 +50,11 @@ def test_readme_and_docs_python_block_runs(tmp_path, page, index):
     proc = _run([sys.executable, str(script)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     if "compare(" in block and "print(" in block:
-        # a multi-agent env's streams are its agents (2 copies of 2 agents in the README's PettingZoo quickstart)
-        assert ("0 of 4 agent streams differ" if "LedgerParallelEnv" in block else "0 of 4 envs differ") in proc.stdout
+        # a multi-agent env's streams are its agents (2 copies of 2 agents in the README's PettingZoo quickstart,
+        # the 2 players of one tic-tac-toe board in docs/MULTIAGENT.md's turn-based loop)
+        clean = ("0 of 4 agent streams differ" if "LedgerParallelEnv" in block else
+                 "0 of 2 agent streams differ" if "TurnLedger" in block else "0 of 4 envs differ")
+        assert clean in proc.stdout
     if "LedgerVecEnv" in block:
         # the README's next step: compare from the command line
         cmd = _run([sys.executable, "-m", "stepledger", "compare", "ledger", "ledger/trainer.npz"], cwd=tmp_path)

@@ -132,3 +132,54 @@ def test_a_ctrl_c_inside_a_write_is_raised_after_it_and_only_in_the_main_thread(
     t.start()
     t.join()
     assert seen == [False] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ---------------------------------------------------------------- SIGTERM during another thread's write
+
+SCRIPT_OTHER_THREAD = """
+import os, signal, sys, threading, time
+import envs_for_tests as E
+from stepledger import LedgerEnv
+from stepledger.recording import hooks
+got, events = [], [0]
+# the program's own handler (it goes on): the one stepledger hands the signal to once its ledgers are written
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append((threading.current_thread().name, events[0])))
+env = LedgerEnv(E.CountEnv(length=1000), sys.argv[1], index=0)
+env.reset()
+events[0] += 1
+entered, leave = threading.Event(), threading.Event()
+def write():  # as the idle spiller writes a segment
+    with hooks.writing():
+        entered.set()
+        leave.wait()
+writer = threading.Thread(target=write, name="writer")
+writer.start()
+entered.wait()
+os.kill(os.getpid(), signal.SIGTERM)  # lands during the other thread's write: acted on once it is done
+for _ in range(5):
+    env.step(0)
+    events[0] += 1
+leave.set()
+writer.join()
+deadline = time.monotonic() + 20
+while not got and time.monotonic() < deadline:
+    env.step(0)
+    events[0] += 1
+print(got, flush=True)
+os._exit(0)  # no close(): the file is the one the SIGTERM wrote
+"""
+
+
+def test_a_sigterm_during_another_threads_write_is_acted_on_in_the_main_thread(tmp_path):
+    # The thread whose write held the signal back hands it to the main thread: the program's handler runs there
+    # (as Python runs handlers), and the ledger the SIGTERM wrote holds every event recorded until it ran.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT_OTHER_THREAD, str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (thread, recorded), = eval(proc.stdout)
+    assert thread == "MainThread", proc.stdout
+    with read(str(tmp_path / "env-0.npz")) as led:
+        assert not led.partial and led.meta[S.META_STATE] == S.STATE_SIGNAL
+        assert len(led.streams[0]) == recorded >= 6

@@ -266,7 +266,7 @@ def test_show_and_version(tmp_path, capsys):
     assert "trainer side" in out and "env 0: 9 events, 2 episodes started, 7 steps" in out
     assert main(["show", d, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [s["events"] for s in data["streams"]] == [9, 4]
+    assert [(led["name"], led["events"]) for led in data["ledgers"]] == [("env-0.npz", 9), ("env-1.npz", 4), ("trainer.npz", 13)]
     proc = run_cli("--version")
     assert proc.returncode == 0 and stepledger.__version__ in proc.stdout and stepledger.CORE in proc.stdout
 

@@ -529,7 +529,7 @@ def test_duplicate_index_warns_and_replaces_nothing(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run(str(tmp_path), indices=[0, 1, 1], steps=3)
-    beside = [str(w.message) for w in caught if "is being recorded by another ledger" in str(w.message)]
+    beside = [str(w.message) for w in caught if "by another ledger (process" in str(w.message)]
     assert len(beside) == 1 and str(tmp_path / "env-1.npz") in beside[0] and "env-1.dup-" in beside[0]
     assert not [w for w in caught if "written by another LedgerEnv" in str(w.message)]  # nothing replaced
 

@@ -79,6 +79,10 @@ def runs(tmp_path_factory):
         "dqn": {"algo": "DQN", "env": "CartPole-v1", "iterations": 2},
         # evaluation runners; runner 2 killed and recreated by RLlib
         "recreate": {"env": "CartPole-v1", "iterations": 1, "evaluation": 1, "recreate": 2, "flush_interval": 0.2},
+        # instrument(..., live=True): a reward rounded through float16 on its way from env 1 is one boundary fault
+        # in RLlib's results
+        "live": {"env": "Pendulum-v1", "iterations": 2, "live": True, "fault": {
+            "fault": "reward:f16", "env": 1, "at": 20, "record": str(base / "live-fault.json"), "place": "wrapper"}},
         # last: a run ended by ray.shutdown() alone
         "shutdown": {"env": "CartPole-v1", "iterations": 2, "end": "shutdown", "flush_interval": 0.2},
     }
@@ -309,8 +313,14 @@ def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_t
         server.close()
 
 
+def own_ray(environ):
+    """``environ`` with RAY_ADDRESS=local: a plain ``ray.init()`` in the child starts a cluster of its own rather
+    than joining one another process left running on this machine (which refuses ``num_cpus``)."""
+    return dict(environ, RAY_ADDRESS="local")
+
+
 def test_stepledger_check_runs_on_rllib(tmp_path):
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    environ = own_ray(dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)))
     proc = subprocess.run([sys.executable, "-m", "stepledger", "check", "CartPole-v1", "--trainer", "rllib",
                            "--runners", "1", "--num-envs", "2", "--faults", "obs:f16",
                            "--dir", str(tmp_path / "check")], capture_output=True, text=True, timeout=600,
@@ -334,7 +344,7 @@ def test_the_readme_rllib_quickstart_runs_as_printed(tmp_path):
     assert blocks and "stepledger.rllib.instrument" in blocks[0]
     script = tmp_path / "quickstart.py"
     script.write_text(blocks[0])
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    environ = own_ray(dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=420, env=environ,
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -342,3 +352,20 @@ def test_the_readme_rllib_quickstart_runs_as_printed(tmp_path):
     cmd = subprocess.run([sys.executable, "-m", "stepledger", "compare", "ledger", "ledger/trainer.npz"],
                          capture_output=True, text=True, timeout=120, env=environ, cwd=str(tmp_path))
     assert cmd.returncode == 0 and cmd.stdout.strip() == "0 of 4 envs differ", cmd.stdout + cmd.stderr
+
+
+def test_live_check_counts_go_to_rllibs_metrics(runs):
+    # each runner checks the episodes sample() returns against LedgerEnv's live tokens
+    from stepledger.recording.live import METRIC_CHECKED, METRIC_FAULTS
+    spec, out = runs["live"]
+    d = spec["path"]
+    injected = read_record(spec["fault"]["record"])
+    assert injected is not None and injected["env"] == 1
+    metrics = out["metrics"]
+    assert metrics[METRIC_FAULTS] == 1, metrics
+    with read(os.path.join(d, "trainer.npz")) as ledger:  # what the learner trained on: the episodes checked
+        trained = sum(len(s) for s in ledger.streams.values())
+    # and, at algo.stop(), the resets no sample() had returned yet (one per env at most)
+    assert trained - 4 <= metrics[METRIC_CHECKED] <= trained, (metrics, trained)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert [x.env for x in report.differences] == [1] and is_located(report.by_env()[1], injected), str(report)

@@ -70,5 +70,9 @@ def random_collector(venv, directory, buffer=None, **kwargs):
     from stepledger.tianshou import LedgerCollector
     n = len(venv)
     buffer = VectorReplayBuffer(2000 * n, n) if buffer is None else buffer
+    # the Collector's random actions are each env's action_space.sample(): seeded, so that a run (and whether
+    # a 1% dose meets an opportunity in it) is the same every time (in-process envs' spaces are the envs' own)
+    for i, space in enumerate(venv.action_space):
+        space.seed(i)
     return LedgerCollector(RandomActionPolicy(venv.action_space[0]), venv, buffer,
                            path="%s/trainer.npz" % directory, **kwargs)

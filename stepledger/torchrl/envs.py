@@ -1,0 +1,120 @@
+"""The env side for TorchRL: ``LedgerEnvFn``, an env factory for ``ParallelEnv`` and ``SerialEnv``.
+
+TorchRL's batched envs take ``create_env_fn``, one factory per worker
+(``ParallelEnv(n, [fn_0, ..., fn_{n-1}])``); ``ParallelEnv`` calls each in its
+worker process (``SerialEnv`` in the main process). ``LedgerEnvFn(make_env,
+directory, i)`` builds the user's Gymnasium env, wraps it in ``LedgerEnv``
+with index i, outermost of the Gymnasium wrappers, and hands it to TorchRL's
+``GymWrapper``: everything TorchRL does with the env's values afterwards
+(the spec's ``encode``, the shared-memory buffers of ``ParallelEnv``, the
+collector, a ``postproc``) is the boundary.
+
+The TorchRL env also carries its index: ``LedgerIndex``, a transform that
+puts ``INDEX_KEY`` (the env's index, int64) in every reset and step, so that
+the trainer side (``LedgerCollector``) knows which env each row of a batch
+came from whatever the collector (``Collector``, ``MultiSyncCollector``,
+``MultiAsyncCollector``) did to arrange them.
+"""
+
+import torch
+
+from torchrl.data import Composite, Unbounded
+from torchrl.envs import GymWrapper, Transform, TransformedEnv
+
+from stepledger.gymnasium.env import LedgerEnv
+
+__all__ = ["INDEX_KEY", "LedgerEnvFn", "LedgerIndex", "ledger_env_fns"]
+
+INDEX_KEY = ("stepledger", "env")  # where each step and reset says which env it came from
+
+
+class LedgerIndex(Transform):
+    """Puts the env's index under ``INDEX_KEY`` in every reset and step (an int64 of shape (1,))."""
+
+    def __init__(self, index):
+        super().__init__(in_keys=[], out_keys=[INDEX_KEY])
+        self.index = int(index)
+
+    def _value(self, td):
+        return torch.full((*td.batch_size, 1), self.index, dtype=torch.int64, device=td.device)
+
+    def _call(self, next_tensordict):
+        next_tensordict.set(INDEX_KEY, self._value(next_tensordict))
+        return next_tensordict
+
+    def _reset(self, tensordict, tensordict_reset):
+        tensordict_reset.set(INDEX_KEY, self._value(tensordict_reset))
+        return tensordict_reset
+
+    def transform_observation_spec(self, observation_spec):
+        shape = observation_spec.shape
+        observation_spec[INDEX_KEY[0]] = Composite(
+            {INDEX_KEY[1]: Unbounded((*shape, 1), dtype=torch.int64, device=observation_spec.device)},
+            shape=shape, device=observation_spec.device)
+        return observation_spec
+
+
+class LedgerEnvFn:
+    """A picklable factory: ``TransformedEnv(GymWrapper(LedgerEnv(make_env(), directory, index=index)),
+    LedgerIndex(index))``.
+
+    Example::
+
+        from torchrl.envs import ParallelEnv
+        from stepledger.torchrl import ledger_env_fns
+        env = ParallelEnv(8, ledger_env_fns(lambda: gym.make("Pendulum-v1"), 8, "ledger"))
+
+    Args:
+        make_env: builds the user's Gymnasium env, with its own TimeLimit and
+            wrappers; called with no argument, or with the env's index if
+            ``pass_index``. ParallelEnv sends factories to its workers with
+            cloudpickle, so a lambda is fine.
+        directory: where the env ledgers go (``directory/env-{index}.npz``).
+        index: the env's position (its worker's, in ``create_env_fn``).
+        pass_index: call ``make_env(index)``.
+        wrap: optional ``wrap(env, index)`` applied outside ``LedgerEnv``,
+            before GymWrapper (an injector such as ``FaultyEnv``: what it
+            changes is on the boundary).
+        seed: seeds the env with ``seed + index`` (a reset inside LedgerEnv) before the run. TorchRL's own
+            ``env.set_seed(s)`` resets each env through GymWrapper (``reset(seed=...)``), outside LedgerEnv: a
+            reset the trainer never receives, which compare reports; seed here instead.
+        gym_kwargs: passed to ``GymWrapper`` (``categorical_action_encoding``,
+            ``device``, ...).
+        ledger_kwargs: passed to ``LedgerEnv`` (``reward_dtype``,
+            ``keep_values``, ``flush_interval``).
+    """
+
+    def __init__(self, make_env, directory, index, *, pass_index=False, wrap=None, gym_kwargs=None, seed=None,
+                 **ledger_kwargs):
+        if not callable(make_env):
+            raise TypeError("LedgerEnvFn: make_env must be callable (it builds the env), got %r" % (make_env,))
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError("LedgerEnvFn: index must be the env's position (a non-negative int), got %r" % (index,))
+        self.make_env, self.directory, self.index = make_env, directory, index
+        self.pass_index, self.wrap, self.gym_kwargs = bool(pass_index), wrap, dict(gym_kwargs or {})
+        self.seed, self.ledger_kwargs = seed, ledger_kwargs
+
+    def gym_env(self):
+        """The Gymnasium env as GymWrapper gets it: the user's env in LedgerEnv (and ``wrap``)."""
+        env = self.make_env(self.index) if self.pass_index else self.make_env()
+        if self.seed is not None:  # inside the ledger: the seeding reset is not a reset the trainer gets
+            env.reset(seed=self.seed + self.index)
+            env.action_space.seed(self.seed + self.index)
+        env = LedgerEnv(env, self.directory, index=self.index, **self.ledger_kwargs)
+        if self.wrap is not None:
+            env = self.wrap(env, self.index)
+        return env
+
+    def __call__(self):
+        return TransformedEnv(GymWrapper(self.gym_env(), **self.gym_kwargs), LedgerIndex(self.index))
+
+    def __repr__(self):
+        return "LedgerEnvFn(%r, %r, index=%d)" % (self.make_env, self.directory, self.index)
+
+
+def ledger_env_fns(make_env, num_envs, directory, **kwargs):
+    """``[LedgerEnvFn(make_env, directory, i, **kwargs) for i in range(num_envs)]``: the ``create_env_fn`` of a
+    ``ParallelEnv(num_envs, ...)`` or ``SerialEnv`` whose env i records ``directory/env-{i}.npz``."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError("ledger_env_fns: num_envs must be a positive int, got %r" % (num_envs,))
+    return [LedgerEnvFn(make_env, directory, i, **kwargs) for i in range(num_envs)]

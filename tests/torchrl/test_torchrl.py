@@ -1,0 +1,227 @@
+"""TorchRL: both ledgers on real batched envs (SerialEnv, ParallelEnv) and real collectors.
+
+Each test runs a real TorchRL collector (``Collector``, ``MultiSyncCollector``, ``MultiAsyncCollector``, no
+policy: random actions from the action spec) over real batched envs whose workers build ``LedgerEnv`` through
+``ledger_env_fns``, and reads its batches through ``LedgerCollector``.
+"""
+
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("torchrl")
+
+import torch  # noqa: E402
+
+from stepledger import compare, read  # noqa: E402
+from stepledger.core import WITHHELD_DIGEST  # noqa: E402
+from stepledger.faults.check import is_located  # noqa: E402
+from stepledger.faults.engine import read_record  # noqa: E402
+from stepledger.torchrl import INDEX_KEY, LedgerCollector, LedgerEnvFn, ledger_env_fns  # noqa: E402
+from stepledger.torchrl.faults import inject_in_worker  # noqa: E402
+
+import trl_envs  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _events(path):
+    with read(path) as led:
+        return {i: len(s) for i, s in led.streams.items()}
+
+
+def _withheld(path):
+    with read(path) as led:
+        return {i: int(np.count_nonzero(s.columns["h_obs"] == WITHHELD_DIGEST)) for i, s in led.streams.items()}
+
+
+@pytest.mark.parametrize("kind,vector", [("single", "serial"), ("single", "parallel"), ("multisync", "serial")])
+def test_clean_runs_compare_clean_event_for_event(tmp_path, kind, vector):
+    d = str(tmp_path)
+    trainer = trl_envs.run(kind, vector, d, frames=40, total=200)
+    report = compare(d, trainer)
+    assert report.ok, str(report)
+    envs = 2 if kind == "single" else 4
+    assert _events(d) == _events(trainer) and len(_events(d)) == envs
+    # 25-step episodes end on the last step of the last batch: the reset after it is the collector's, and no
+    # batch brings its observation; it is recorded as withheld, and said so
+    assert all(n == 1 for n in _withheld(trainer).values())
+    assert any("withheld by the library" in n for n in report.notes)
+    with read(os.path.join(d, "env-0.npz")) as led:
+        # the env ledgers are written where the envs run: ParallelEnv's workers, a multi-process collector's
+        assert (led.meta["pid"] == os.getpid()) == (vector == "serial" and kind == "single")
+
+
+def test_multi_async_collector_runs_a_batch_ahead_and_compare_says_the_trainer_stopped_early(tmp_path):
+    """MultiAsyncCollector's workers collect the next batch while the trainer reads one: at shutdown the batch
+    in flight never reaches the trainer. Both sides agree as far as the trainer went."""
+    d = str(tmp_path)
+    report = compare(d, trl_envs.run("multiasync", "serial", d, frames=40, total=160))
+    assert not report.ok
+    for diff in report.differences:
+        assert diff.what == "length" and diff.trainer_events < diff.env_events, diff.line()
+        assert "the trainer stream stops early" in diff.line()
+
+
+def test_each_row_carries_its_env_index_and_the_batch_is_time_last(tmp_path):
+    d = str(tmp_path)
+    fns = ledger_env_fns(trl_envs.Make(), 3, d)
+    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("serial", fns), 30, 30), d + "/trainer.npz", fns)
+    batch = next(iter(c))
+    assert tuple(batch.shape) == (3, 10)
+    assert batch.get(INDEX_KEY)[..., 0].tolist() == [[i] * 10 for i in range(3)]
+    c.shutdown()
+    assert compare(d, c.ledger_path).ok
+
+
+def test_compact_obs_withholds_every_final_observation_and_compares_clean(tmp_path):
+    """compact_obs=True drops ("next", "observation"): a step's obs is the next root obs, and an ending step's
+    final observation is withheld."""
+    d = str(tmp_path)
+    trainer = trl_envs.run("single", "serial", d, frames=30, total=150, make=trl_envs.Make(limit=7),
+                           compact_obs=True)
+    report = compare(d, trainer)
+    assert report.ok, str(report)
+    assert _events(d) == _events(trainer)
+    held = _withheld(trainer)
+    with read(trainer) as led:
+        ends = {i: int(np.count_nonzero(s.columns["terminated"] | s.columns["truncated"])) for i, s in led.streams.items()}
+    # every ending step, and the reset or step no batch brought at the end
+    assert all(held[i] >= ends[i] >= 10 for i in held), (held, ends)
+
+
+def _nan_final(batch):
+    """What TorchRL's AutoResetTransform does: the ending step's ("next", "observation") filled with NaN."""
+    done = batch.get(("next", "done"))
+    obs = batch.get(("next", "observation")).clone()
+    obs[done.expand_as(obs)] = float("nan")
+    batch.set(("next", "observation"), obs)
+    return batch
+
+
+def test_a_nan_filled_final_observation_is_withheld_not_a_corrupted_one(tmp_path):
+    d = str(tmp_path)
+    trainer = trl_envs.run("single", "serial", d, frames=20, total=60, make=trl_envs.Make(limit=7),
+                           postproc=_nan_final)
+    report = compare(d, trainer)
+    assert report.ok, str(report)
+    assert sum(_withheld(trainer).values()) >= 8
+
+
+def test_a_nan_observation_mid_episode_is_a_difference(tmp_path):
+    def nan_mid(batch):
+        obs = batch.get(("next", "observation")).clone()
+        obs[:, 3] = float("nan")
+        batch.set(("next", "observation"), obs)
+        return batch
+    d = str(tmp_path)
+    report = compare(d, trl_envs.run("single", "serial", d, frames=20, total=40, postproc=nan_mid))
+    for i, diff in report.by_env().items():
+        assert (diff.episode, diff.step, diff.fields) == (0, 4, ("obs",)), diff.line()
+
+
+def test_a_fault_in_a_parallel_env_worker_is_located(tmp_path):
+    d = str(tmp_path)
+    wrap = inject_in_worker("obs:f16", at=5, target=1, record=os.path.join(d, "fault.json"))
+    fns = ledger_env_fns(trl_envs.Make(), 2, d, pass_index=True, wrap=wrap)
+    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("parallel", fns), 20, 60), d + "/trainer.npz",
+                        fns)
+    for _ in c:
+        pass
+    c.shutdown()
+    report = compare(d, c.ledger_path)
+    diff, first = report.by_env()[1], read_record(os.path.join(d, "fault.json"))
+    assert is_located(diff, first) and diff.fields == ("obs",), (first, diff.line())
+    assert 0 not in report.by_env()
+
+
+def test_torchrl_rounds_a_float64_reward_to_its_float32_reward_spec(tmp_path):
+    """A real cast of torchrl 0.14.1: GymWrapper's reward spec is float32, and the spec's encode rounds the
+    env's float64 reward; with float64 ledgers on both sides it is a reward difference at the first step."""
+    d = str(tmp_path)
+    fns = ledger_env_fns(trl_envs.Make(), 2, d, reward_dtype=np.float64)
+    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("serial", fns), 20, 20), d + "/trainer.npz",
+                        fns, reward_dtype=np.float64)
+    batch = next(iter(c))
+    assert batch.get(("next", "reward")).dtype == torch.float32
+    c.shutdown()
+    report = compare(d, c.ledger_path)
+    for diff in report.differences:
+        assert diff.fields == ("reward",) and (diff.episode, diff.step) == (0, 1), diff.line()
+    assert len(report.differences) == 2
+
+
+def test_set_seed_resets_outside_the_ledger_and_seed_in_the_factory_does_not(tmp_path):
+    """TorchRL's env.set_seed resets each env through GymWrapper: a reset the trainer never gets."""
+    d1, d2 = str(tmp_path / "a"), str(tmp_path / "b")
+    fns = ledger_env_fns(trl_envs.Make(), 2, d1)
+    env = trl_envs.batched("serial", fns)
+    env.set_seed(0)
+    c = LedgerCollector(trl_envs.collector("single", env, 20, 20), d1 + "/trainer.npz", fns)
+    list(c)
+    c.shutdown()
+    assert not compare(d1, c.ledger_path).ok
+    fns = ledger_env_fns(trl_envs.Make(), 2, d2, seed=0)
+    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("serial", fns), 20, 20), d2 + "/trainer.npz", fns)
+    list(c)
+    c.shutdown()
+    assert compare(d2, c.ledger_path).ok
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match="index must be"):
+        LedgerEnvFn(trl_envs.Make(), str(tmp_path), -1)
+    with pytest.raises(ValueError, match="num_envs"):
+        ledger_env_fns(trl_envs.Make(), 0, str(tmp_path))
+    fns = ledger_env_fns(trl_envs.Make(), 2, str(tmp_path))
+    coll = trl_envs.collector("single", trl_envs.batched("serial", fns), 20, 20, split_trajs=True)
+    try:
+        with pytest.raises(ValueError, match="split_trajs"):
+            LedgerCollector(coll, str(tmp_path / "trainer.npz"), fns)
+        with pytest.raises(ValueError, match="env_fns"):
+            LedgerCollector(coll, str(tmp_path / "trainer.npz"))
+    finally:
+        coll.shutdown()
+
+
+def test_stepledger_check_trainer_torchrl_runs_the_fault_matrix(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "stepledger", "check", "Pendulum-v1", "--trainer", "torchrl",
+                          "--torchrl-vector", "serial", "--num-envs", "2", "--steps", "60",
+                          "--faults", "obs:f16,final-obs:zero,reward:stale"],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 of 3 exercised faults caught and located" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("vector,how", [("serial", "ctrl-c"), ("parallel", "ctrl-c"), ("parallel", "kill-worker")])
+def test_an_interrupted_run_ends_as_docs_endings_says(tmp_path, vector, how):
+    """Ctrl-C to the process group, or SIGKILL to a ParallelEnv worker, in the middle of collecting: every ledger
+    is on disk (a killed worker's as its spill), nothing is a difference, and the notes say how each ended."""
+    import signal
+    d = str(tmp_path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen([sys.executable, "-c", "import trl_harness as H; H.main(%r, 'wait', %r)" % (vector, d)],
+                            cwd=here, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, here])))
+    try:
+        ready = proc.stdout.readline().split()
+        assert ready and ready[0] == "ready", ready
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(int(ready[1]), signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert not report.differences, str(report)
+    assert sorted(report.envs) == [0, 1]
+    assert any("exited without close()" in n for n in report.notes), report.notes
+    if how == "kill-worker":
+        assert any("not closed (its process is gone)" in n for n in report.notes), report.notes
