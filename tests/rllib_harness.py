@@ -11,7 +11,8 @@ evaluation (evaluation runners, 0: none), recreate (SIGKILL that runner's proces
 fault (a dict for stepledger.rllib.inject) or faults (a list of them), algo ("PPO" or "DQN"), placement, seed,
 modules (multi-agent: "shared", every agent feeding one module, or "own", a module each; env then one of
 tests/rllib_ma_envs.py's, env_config its config),
-live (instrument(..., live=True): the run's "metrics" are the live check's counts in RLlib's results). It prints one JSON line: a list of what each run did.
+live (instrument(..., live=True): the run's "metrics" are the live check's counts in RLlib's results),
+timeout (seconds the run may take, RUN_TIMEOUT by default: SIGALRM ends the session past it). It prints one JSON line: a list of what each run did.
 """
 
 import glob
@@ -27,6 +28,8 @@ from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
 import stepledger.rllib
 import rllib_ma_envs
+
+RUN_TIMEOUT = 420  # seconds a run may take (a run ended by "kill" has none here: the test SIGKILLs it)
 
 
 def config_for(spec):
@@ -138,10 +141,18 @@ def main():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     rllib_ma_envs.register()
     outs = []
+
+    def overran(signum, frame):
+        raise TimeoutError("run %d of %d (%s) took over its %d s" % (len(outs) + 1, len(specs), spec["path"], limit))
+    signal.signal(signal.SIGALRM, overran)
     try:
         for spec in specs:
+            limit = int(spec.get("timeout", 0 if spec.get("end") == "kill" else RUN_TIMEOUT))
+            signal.alarm(limit)  # a timeout on each run, not only on the session (the caller's)
             outs.append(run_one(spec))
+            signal.alarm(0)
     finally:
+        signal.alarm(0)
         ray.shutdown()
     print(json.dumps(outs), flush=True)
 

@@ -3,9 +3,9 @@ of tests/rllib_ma_envs.py's envs (agents acting together, in turn, leaving and j
 wrappers over PettingZoo's rps_v2), each in a subprocess (tests/rllib_harness.py) with a timeout.
 
 Run in the RLlib venv (tests/rllib/test_rllib_venv.py), as tests/rllib/test_rllib.py is. The CI set is four
-runs in one Ray session; ``STEPLEDGER_RLLIB_LONG=1`` adds the longer set (RLlib's turn-based PettingZooEnv, the
-runner placement, a recreated runner with evaluation runners, a run ended by ray.shutdown() alone, and
-check_rllib's multi-agent matrix in a Ray session of its own).
+runs in test_rllib.py's Ray session (tests/rllib/conftest.py); ``STEPLEDGER_RLLIB_LONG=1`` adds the longer set
+(RLlib's turn-based PettingZooEnv, the runner placement, a recreated runner with evaluation runners, a run ended
+by ray.shutdown() alone) in a Ray session of its own, and check_rllib's multi-agent matrix in another.
 """
 
 import testpaths  # noqa: F401  (where the suite and the repository are)
@@ -27,7 +27,7 @@ LONG = os.environ.get("STEPLEDGER_RLLIB_LONG") == "1"
 FAULTS = [{"env": 0, "agent": "agent_1", "fault": "obs:f16", "place": "connector", "at": 5},
           {"env": 3, "agent": "agent_0", "fault": "reward:f16", "place": "connector", "at": 5}]
 
-SPECS = {
+CI = {
     # agents in turn, a module each: a waiting agent's rewards add up into its next step
     "turns-own": {"env": "ma-turns", "modules": "own"},
     # leaving (with and without a last observation) and joining, one shared module, two learners
@@ -37,31 +37,45 @@ SPECS = {
     # one agent's obs and another's reward changed in the connector pipeline, each on its own env
     "faults": {"env": "ma-together", "modules": "shared", "iterations": 1, "faults": FAULTS},
 }
-if LONG:
-    SPECS.update({
-        # RLlib's PettingZooEnv over rps_v2's AEC env: the players move in turn
-        "rps-turns": {"env": "ma-rps-turns", "modules": "shared"},
-        # the trainer side on each env runner (on_sample_end)
-        "runner": {"env": "ma-turns", "modules": "shared", "placement": "runner"},
-        # evaluation runners; runner 2 killed and recreated by RLlib
-        "recreate": {"env": "ma-together", "modules": "shared", "iterations": 1, "evaluation": 1, "recreate": 2,
-                     "flush_interval": 0.2},
-        # last: ray.shutdown() alone
-        "shutdown": {"env": "ma-turns", "modules": "shared", "end": "shutdown", "flush_interval": 0.2},
-    })
+LONGER = {
+    # RLlib's PettingZooEnv over rps_v2's AEC env: the players move in turn
+    "rps-turns": {"env": "ma-rps-turns", "modules": "shared"},
+    # the trainer side on each env runner (on_sample_end)
+    "runner": {"env": "ma-turns", "modules": "shared", "placement": "runner"},
+    # evaluation runners; runner 2 killed and recreated by RLlib
+    "recreate": {"env": "ma-together", "modules": "shared", "iterations": 1, "evaluation": 1, "recreate": 2,
+                 "flush_interval": 0.2},
+    # last: ray.shutdown() alone
+    "shutdown": {"env": "ma-turns", "modules": "shared", "end": "shutdown", "flush_interval": 0.2},
+}
 CLEAN = ["turns-own", "coming-going-2-learners"] + (["rps-turns", "runner"] if LONG else [])
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("ma")
-    for k, fault in enumerate(FAULTS):
-        fault["record"] = str(base / ("fault-%d.json" % k))
-    for name, spec in SPECS.items():
+def _specs(table, base):
+    """Copies of ``table``'s specs, their paths (and the faults' records) under ``base`` (a pathlib.Path)."""
+    specs = {}
+    for name, spec in table.items():
+        spec = dict(spec, path=str(base / name), runners=2, envs=2, batch=200)
         spec.setdefault("iterations", 2)
-        spec.update(path=str(base / name), runners=2, envs=2, batch=200)
-    outs = run(list(SPECS.values()), timeout=900 if not LONG else 1500)
-    return {name: (spec, out) for (name, spec), out in zip(SPECS.items(), outs)}
+        if "faults" in spec:
+            spec["faults"] = [dict(f, record=str(base / ("fault-%d.json" % k))) for k, f in enumerate(spec["faults"])]
+        specs[name] = spec
+    return specs
+
+
+def ci_specs(base):
+    """The CI set, which runs in tests/rllib/conftest.py's shared Ray session with test_rllib.py's runs."""
+    return _specs(CI, base)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_runs, tmp_path_factory):
+    runs = dict(shared_runs["multi"])
+    if LONG:  # the longer set in a Ray session of its own (its last run ends by ray.shutdown() alone)
+        specs = _specs(LONGER, tmp_path_factory.mktemp("ma-long"))
+        outs = run(list(specs.values()), timeout=1500)
+        runs.update((name, (spec, out)) for (name, spec), out in zip(specs.items(), outs))
+    return runs
 
 
 def agent_steps(path, files):
@@ -133,9 +147,9 @@ def test_each_agents_injected_fault_is_located_at_its_recorded_env_agent_episode
     from stepledger.faults import read_record
     spec, _ = runs["faults"]
     report = compare(spec["path"], spec["path"])
-    streams = [f["env"] * 2 + int(f["agent"][-1]) for f in FAULTS]
+    streams = [f["env"] * 2 + int(f["agent"][-1]) for f in spec["faults"]]
     assert [x.env for x in report.differences] == streams, str(report)  # those two agents' streams, no other
-    for fault, stream in zip(FAULTS, streams):
+    for fault, stream in zip(spec["faults"], streams):
         injected = read_record(fault["record"])
         assert injected is not None and injected["env"] == stream and injected["fault"] == fault["fault"], injected
         assert is_located(report.by_env()[stream], injected), (str(report), injected)
