@@ -170,6 +170,24 @@ def test_rllibs_own_episode_metrics_agree_with_the_env_ledgers_on_ray_2_60(runs,
     assert glob.glob(os.path.join(spec["path"], "rllib-episodes-*.jsonl"))
 
 
+@pytest.mark.parametrize("setting", ["live", "wrapper fault"])
+def test_what_a_multi_agent_env_cannot_have_yet_is_refused_in_one_line(tmp_path, setting):
+    # instrument(live=True) and inject(place="wrapper") are single-agent so far: building the env says so
+    import rllib_ma_envs
+    from stepledger.errors import SettingsError
+    from stepledger.rllib.instrument import LedgeredEnvCreator
+    creator = LedgeredEnvCreator(rllib_ma_envs.Together, str(tmp_path), live=setting == "live")
+    if setting == "wrapper fault":
+        creator.fault = {"fault": "obs:f16", "at": 5, "env_index": 0, "record": None}
+    with pytest.raises(SettingsError) as caught:
+        creator({})
+    message = str(caught.value)
+    assert "\n" not in message and message.endswith("single-agent only so far; this env is a MultiAgentEnv"), message
+    assert message.startswith("stepledger.rllib.instrument: live=True" if setting == "live" else
+                              "stepledger.rllib.inject: place='wrapper'"), message
+    assert not list(tmp_path.iterdir())  # nothing recorded
+
+
 # the longer set: defined only with STEPLEDGER_RLLIB_LONG=1 (the RLlib venv run passes with nothing skipped)
 if LONG:
     def test_multi_agent_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indices(runs):
