@@ -245,6 +245,7 @@ def every_env_hint(field, n_envs, agent_streams=False, wrappers=(), recorder=Non
         who = "all %d agent streams differ" % n_envs if n_envs > 1 else "the agent stream differs"
     else:
         who = "all %d envs differ" % n_envs if n_envs > 1 else "the env differs"
+    first = "from %s first events" % ("their" if n_envs > 1 else "its")
     found = [w for w in wrappers or () if isinstance(w, dict) and isinstance(w.get("name"), str)]
     deliberate = [w["name"] for w in found if w.get("deliberate") is True
                   and (not isinstance(w.get("changes"), list) or field in w["changes"])]
@@ -257,13 +258,13 @@ def every_env_hint(field, n_envs, agent_streams=False, wrappers=(), recorder=Non
         text += "; if that change is all there is, %s" % placement
         if not agent_streams:
             text += "; what %s then does is %s" % (_and(deliberate), NOT_CHECKED)
-        return "hint: %s in %s from their first events: %s" % (who, field, text)
+        return "hint: %s in %s %s: %s" % (who, field, first, text)
     if others:
         one = len(others) == 1
         outside = all(w.get("where") == "around LedgerEnv" for w in found if w["name"] in others)
-        return ("hint: %s in %s from their first events: %s sit%s between %s, on the checked side, and the "
+        return ("hint: %s in %s %s: %s sit%s between %s, on the checked side, and the "
                 "differences are %s doing; move %s %s only if %s change is intended: what %s then does is %s"
-                % (who, field, _and(others), "s" if one else "", between, "its" if one else "their",
+                % (who, field, first, _and(others), "s" if one else "", between, "its" if one else "their",
                    "it" if one else "them", "inside LedgerEnv" if outside else "out of the two ledgers",
                    "its" if one else "their", "it" if one else "each", NOT_CHECKED))
     wrappers_text = (agent_wrappers(field, recorder) if field in WRAPPERS_BY_FIELD else None) if agent_streams \
@@ -271,8 +272,8 @@ def every_env_hint(field, n_envs, agent_streams=False, wrappers=(), recorder=Non
     cause = ("something between %s changes %s from the first events on: a wrapper that changes them on purpose%s "
              "does that, and so does a fault in anything else between them" % (
                  between, kind, " (%s)" % wrappers_text if wrappers_text else ""))
-    return ("hint: %s in %s from their first events: %s; only if the change is intended, move that wrapper out: "
-            "%s%s" % (who, field, cause, placement,
+    return ("hint: %s in %s %s: %s; only if the change is intended, move that wrapper out: "
+            "%s%s" % (who, field, first, cause, placement,
                       "" if agent_streams else "; what it then does is " + NOT_CHECKED))
 
 

@@ -51,6 +51,19 @@ def _no_recording_outlives_its_test():
         spiller.OPEN.pop(key, None)
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """The suite's S3-compatible server on loopback (tests/s3server.py), one for the whole session: started at
+    the first test that asks for it. Skips, saying why, where neither SeaweedFS nor moto's server is installed
+    (or s3fs is not); installed but not starting is a failure. Each test makes a bucket of its own."""
+    import s3server
+    server = s3server.started_or_skip()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture
 def run_python():
     return _run_python

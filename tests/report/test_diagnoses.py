@@ -258,9 +258,10 @@ def _checked_warning(name, owner="LedgerVectorEnv", outside=False):
 
 
 def _checked_hint(name, n, field="obs", outside=False):
-    return ("hint: all %d envs differ in %s from their first events: %s sits between the two ledgers, on the checked "
-            "side, and the differences are its doing; move it %s only if its change is intended: what it then does "
-            "is %s" % (n, field, name, "inside LedgerEnv" if outside else "out of the two ledgers", NOT_CHECKED))
+    who = "all %d envs differ in %s from their" % (n, field) if n > 1 else "the env differs in %s from its" % field
+    return ("hint: %s first events: %s sits between the two ledgers, on the checked side, and the differences are "
+            "its doing; move it %s only if its change is intended: what it then does is %s"
+            % (who, name, "inside LedgerEnv" if outside else "out of the two ledgers", NOT_CHECKED))
 
 
 def _ours(caught):
@@ -280,6 +281,15 @@ def test_a_users_wrapper_is_on_the_checked_side_not_deliberate(tmp_path, wrapper
     lines = str(compare(d, t)).splitlines()
     assert lines[-1] == _checked_hint(wrapper.__name__, 2), lines
     assert "on purpose" not in lines[-1]
+
+
+def test_one_env_that_differs_from_its_first_events_is_worded_for_one(tmp_path):
+    # a one-env run (or one env file given alone) read "the env differs in obs from their first events"
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        d, t = run(str(tmp_path), n=1, steps=5, wrap=Float16Obs)
+    lines = str(compare(d, t)).splitlines()
+    assert lines[-1] == _checked_hint("Float16Obs", 1), lines
 
 
 @pytest.mark.parametrize("how", ["keyword", "class name", "class attribute"])

@@ -281,40 +281,32 @@ def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_l
     assert any(n.startswith("trainer-learner-") and "not closed" in n for n in report.notes), report.notes
 
 
-def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_there(tmp_path, monkeypatch):
-    pytest.importorskip("s3fs")
-    import s3server
-    try:
-        server = s3server.S3Server()
-    except s3server.NoServer as exc:
-        pytest.skip("no S3-compatible server on loopback: %s" % exc)
-    server.start()
-    try:
-        server.configure(monkeypatch)
-        monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
-        bucket = "rllib-" + uuid.uuid4().hex[:10]
-        server.make_bucket(bucket)
-        url = "s3://%s/run-17" % bucket
-        # the runners are Ray workers started by the driver's local cluster: they get the driver's environment,
-        # as a cluster's nodes would have their own credentials
-        run({"path": url, "env": "Pendulum-v1", "runners": 2, "envs": 2, "learners": 0, "iterations": 1},
-            env=dict(os.environ))
-        fs = server.filesystem()
-        names = sorted(os.path.basename(p) for p in fs.ls("%s/run-17" % bucket))
-        # every ledger published in storage. A runner that Ray kills between publishing its final file and
-        # removing its spilled segments (as algo.stop() ends the actors; seen in CI at a load of 10) leaves
-        # them beside it: its final file holds them all and is what is read
-        assert [n for n in names if not n.endswith(".spill")] == [
-            "env-0.npz", "env-1.npz", "env-2.npz", "env-3.npz", "trainer.npz"], names
-        assert not os.path.exists(tmp_path / "unpublished") or not os.listdir(tmp_path / "unpublished")
-        report = compare(url, url + "/trainer.npz")
-        assert report.ok, str(report)
-        assert sorted(report.envs) == [0, 1, 2, 3]
-        assert report.partial == {"env": False, "trainer": False}, str(report)  # the final files, not segments
-        from stepledger.cli.main import main
-        assert main(["compare", url, url + "/trainer.npz"]) == 0
-    finally:
-        server.close()
+def test_every_ledger_goes_through_s3fs_to_an_s3_server_and_compare_reads_them_there(s3_server, tmp_path,
+                                                                                      monkeypatch):
+    server = s3_server
+    server.configure(monkeypatch)
+    monkeypatch.setenv("STEPLEDGER_UNPUBLISHED", str(tmp_path / "unpublished"))
+    bucket = "rllib-" + uuid.uuid4().hex[:10]
+    server.make_bucket(bucket)
+    url = "s3://%s/run-17" % bucket
+    # the runners are Ray workers started by the driver's local cluster: they get the driver's environment,
+    # as a cluster's nodes would have their own credentials
+    run({"path": url, "env": "Pendulum-v1", "runners": 2, "envs": 2, "learners": 0, "iterations": 1},
+        env=dict(os.environ))
+    fs = server.filesystem()
+    names = sorted(os.path.basename(p) for p in fs.ls("%s/run-17" % bucket))
+    # every ledger published in storage. A runner that Ray kills between publishing its final file and
+    # removing its spilled segments (as algo.stop() ends the actors; seen in CI at a load of 10) leaves
+    # them beside it: its final file holds them all and is what is read
+    assert [n for n in names if not n.endswith(".spill")] == [
+        "env-0.npz", "env-1.npz", "env-2.npz", "env-3.npz", "trainer.npz"], names
+    assert not os.path.exists(tmp_path / "unpublished") or not os.listdir(tmp_path / "unpublished")
+    report = compare(url, url + "/trainer.npz")
+    assert report.ok, str(report)
+    assert sorted(report.envs) == [0, 1, 2, 3]
+    assert report.partial == {"env": False, "trainer": False}, str(report)  # the final files, not segments
+    from stepledger.cli.main import main
+    assert main(["compare", url, url + "/trainer.npz"]) == 0
 
 
 def own_ray(environ):
