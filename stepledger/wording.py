@@ -911,6 +911,43 @@ def episodes_differ(n_envs_differ, n_envs, n_differ, n_compared):
     return "%d of %d envs differ; %d of %d compared episodes differ" % (n_envs_differ, n_envs, n_differ, n_compared)
 
 
+def rllib_episode_differs(env, episode, what, name, logged, recorded, agents=None):
+    """One figure of RLlib's episode metrics (stepledger.rllib.episodes) that the env ledgers do not bear out:
+    ``what`` is "agent" (an agent's return and steps), "episode" (the episode's return) or "module" (a module's
+    return; ``agents`` feed it); ``logged`` and ``recorded`` are (return, steps or None)."""
+    def figure(pair):
+        r, n = pair
+        return "return %s" % _g6(r) + ("" if n is None else " over %d steps" % n)
+    if what == "agent":
+        where = "agent %s" % name
+        logged_name = "agent_episode_returns"
+    elif what == "module":
+        feeds = ", ".join(agents or ()) or "no agent"
+        where = "module %s (fed by %s)" % (name, feeds)
+        logged_name = "module_episode_returns"
+    else:
+        where, logged_name = "the episode", "episode_return"
+    hint = ""
+    if what == "module" and agents and len(agents) > 1:
+        hint = "; the env recorded %s for its agents, which add up to %s" % (
+            ", ".join(_g6(r) for r in recorded[2:]) if len(recorded) > 2 else "returns", _g6(recorded[0]))
+    return "env %d, episode %d, %s: RLlib logged %s (%s), env recorded %s%s" % (
+        env, episode, where, figure(logged), logged_name, figure(recorded[:2]), hint)
+
+
+def _g6(x):
+    return "%.6g" % x
+
+
+def rllib_episodes_counted(n_episodes_differ, n_compared, n_differences):
+    return "%d of %d logged episodes differ (%d figures)" % (n_episodes_differ, n_compared, n_differences)
+
+
+def rllib_episodes_unpaired(n):
+    return "note: %d logged episodes have agents whose episode the env ledgers do not hold as ended (a run " \
+           "that ended before their ledgers were written?); not compared" % n
+
+
 EPISODE_MODE_NOTES = {
     "order": "note: the log has no env index; its episodes were paired with the envs' in completion order "
              "(the vector step each ended at, then env index)",

@@ -9,7 +9,10 @@ ray.shutdown() alone, which kills the runners' actors with no close(); "kill": p
 iteration and train on, until the test SIGKILLs this process), vectorize ("sync" | "async"), flush_interval,
 evaluation (evaluation runners, 0: none), recreate (SIGKILL that runner's process after the iterations and train on until RLlib has it back),
 fault (a dict for stepledger.rllib.inject) or faults (a list of them), algo ("PPO" or "DQN"), placement, seed,
-live (instrument(..., live=True): the run's "metrics" are the live check's counts in RLlib's results). It prints one JSON line: a list of what each run did.
+modules (multi-agent: "shared", every agent feeding one module, or "own", a module each; env then one of
+tests/rllib_ma_envs.py's, env_config its config),
+live (instrument(..., live=True): the run's "metrics" are the live check's counts in RLlib's results),
+timeout (seconds the run may take, RUN_TIMEOUT by default: SIGALRM ends the session past it). It prints one JSON line: a list of what each run did.
 """
 
 import glob
@@ -24,6 +27,9 @@ from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
 import stepledger.rllib
+import rllib_ma_envs
+
+RUN_TIMEOUT = 420  # seconds a run may take (a run ended by "kill" has none here: the test SIGKILLs it)
 
 
 def config_for(spec):
@@ -48,12 +54,24 @@ def config_for(spec):
               .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))
               .debugging(seed=spec.get("seed", 0), log_level="ERROR")
               .reporting(metrics_num_episodes_for_smoothing=1))
+    if spec.get("modules"):
+        config = multi_agent(config, spec)
     if spec.get("evaluation"):
         config = config.evaluation(evaluation_interval=1, evaluation_num_env_runners=spec["evaluation"],
                                    evaluation_duration=2, evaluation_duration_unit="episodes")
     if spec.get("recreate"):
         config = config.fault_tolerance(restart_failed_env_runners=True)
     return config
+
+
+def multi_agent(config, spec):
+    """The multi-agent part of a config: the env's agents feed one shared module, or a module each."""
+    env = rllib_ma_envs.ENVS[spec["env"]](spec.get("env_config"))
+    agents = list(env.possible_agents)
+    config = config.environment(spec["env"], env_config=spec.get("env_config") or {})
+    if spec["modules"] == "shared":
+        return config.multi_agent(policies={"shared"}, policy_mapping_fn=rllib_ma_envs.shared_module)
+    return config.multi_agent(policies={str(a) for a in agents}, policy_mapping_fn=rllib_ma_envs.own_module)
 
 
 def wait_for_spills(path, envs, timeout=120):
@@ -121,11 +139,20 @@ def main():
     assert all(s.get("end", "stop") == "stop" for s in specs[:-1]), "only the last run may end by shutdown or kill"
     # a cluster of its own (address='local'), never one that another process left running on this machine
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rllib_ma_envs.register()
     outs = []
+
+    def overran(signum, frame):
+        raise TimeoutError("run %d of %d (%s) took over its %d s" % (len(outs) + 1, len(specs), spec["path"], limit))
+    signal.signal(signal.SIGALRM, overran)
     try:
         for spec in specs:
+            limit = int(spec.get("timeout", 0 if spec.get("end") == "kill" else RUN_TIMEOUT))
+            signal.alarm(limit)  # a timeout on each run, not only on the session (the caller's)
             outs.append(run_one(spec))
+            signal.alarm(0)
     finally:
+        signal.alarm(0)
         ray.shutdown()
     print(json.dumps(outs), flush=True)
 

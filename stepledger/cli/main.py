@@ -412,8 +412,20 @@ def _add_check(sub):
 
 def _episodes(args):
     from stepledger.report.episodes import check_episodes
+    if _is_rllib_log(args.log):  # an instrumented multi-agent RLlib run's own episode metrics
+        from stepledger.rllib.episodes import check_rllib_episodes
+        return _report(args, "episodes", lambda progress: check_rllib_episodes(
+            args.env_dir, args.log, rtol=args.rtol, atol=args.atol))
     return _report(args, "episodes", lambda progress: check_episodes(
         args.env_dir, args.log, env=args.env, match=args.match, rtol=args.rtol, atol=args.atol, progress=progress))
+
+
+def _is_rllib_log(log):
+    """An RLlib run's rllib-episodes-*.jsonl (a file, a glob of them, or a directory holding them)."""
+    import glob
+    import os
+    log = str(log)
+    return log.endswith(".jsonl") or (os.path.isdir(log) and bool(glob.glob(os.path.join(log, "rllib-episodes-*"))))
 
 
 def _add_episodes(sub):

@@ -19,7 +19,8 @@ LIBRARY = Library(
         ("--num-cpus", dict(type=int, default=0,
                             help="with --trainer supersuit: SuperSuit's num_cpus (worker processes; 0: in-process)")),
         ("--agent", dict(help="with --trainer supersuit: the agent each fault is injected on (default: the last of "
-                              "possible_agents)")),
+                              "possible_agents); with --trainer rllib: ENV_ID is a registered multi-agent env whose "
+                              "agents all feed one module, and each fault hits this agent (--place connector)")),
         ("--api", dict(choices=("parallel", "aec"), default=None,
                        help="with --trainer supersuit: the PettingZoo API checked, parallel (SuperSuit's vector "
                             "envs) or aec (turn-based: LedgerAECEnv, the agent_iter loop and TurnLedger); default: "

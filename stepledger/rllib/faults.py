@@ -33,27 +33,42 @@ def _faulty_connector_class():
         it each reset and step of the env's episodes, and writes what it returns into the episode."""
 
         def __init__(self, input_observation_space=None, input_action_space=None, *, fault, env_index, at=10,
-                     record=None, **kwargs):
+                     record=None, agent=None, **kwargs):
             super().__init__(input_observation_space, input_action_space, **kwargs)
-            self.env_index = int(env_index)
-            self.engine = FaultEngine(fault, at=at, target=self.env_index, record=record, allowed=CONNECTOR_FAULTS,
-                                      owner="stepledger.rllib.inject")
+            self.env_index, self.agent = int(env_index), agent
+            self.settings = dict(fault=fault, at=at, record=record)
+            # single agent: the env's stream; multi-agent: the agent's (env * n + k), known at its first episode
+            self.engine = None if agent is not None else self._engine(self.env_index)
             self._id, self._last_t = None, None
 
+        def _engine(self, stream):
+            self.stream = stream
+            return FaultEngine(self.settings["fault"], at=self.settings["at"], target=stream,
+                               record=self.settings["record"], allowed=CONNECTOR_FAULTS,
+                               owner="stepledger.rllib.inject")
+
         def __call__(self, *, rl_module, batch, episodes, **kwargs):
-            if self.engine.first is not None:
+            if self.engine is not None and self.engine.first is not None:
                 return batch
-            for ep in episodes:
-                if ep.custom_data.get(TAG) != self.env_index:
+            for episode in episodes:
+                if episode.custom_data.get(TAG) != self.env_index:
                     continue
+                ep = episode
+                if self.agent is not None:  # a MultiAgentEpisode: the agent's own episode
+                    ep = episode.agent_episodes.get(self.agent)
+                    if ep is None:
+                        continue
+                    if self.engine is None:
+                        agents = sorted(episode.observation_space, key=str)  # the streams' order
+                        self.engine = self._engine(self.env_index * len(agents) + agents.index(self.agent))
                 if self._id != ep.id_:  # a new episode: it starts with its reset
                     self._id, self._last_t = ep.id_, ep.t_started
-                    self.engine.reset(self.env_index, ep.get_observations(0))
+                    self.engine.reset(self.stream, ep.get_observations(0))
                 if ep.t == self._last_t:
                     continue  # not stepped since the last call
                 self._last_t = ep.t
                 obs, reward = ep.get_observations(-1), ep.get_rewards(-1)
-                new = self.engine.step(self.env_index, obs, reward, ep.is_terminated, ep.is_truncated)
+                new = self.engine.step(self.stream, obs, reward, ep.is_terminated, ep.is_truncated)
                 if new[0] is not obs:
                     ep.set_observations(new_data=new[0], at_indices=-1)
                 if new[1] is not reward:
@@ -67,7 +82,7 @@ def _faulty_connector_class():
 
 def inject(config: AlgorithmConfig, fault: str, *, env: int = 0, at: int = 10,
            record: str | os.PathLike[str] | None = None,
-           place: Literal["wrapper", "connector"] = "wrapper") -> AlgorithmConfig:
+           place: Literal["wrapper", "connector"] = "wrapper", agent: str | None = None) -> AlgorithmConfig:
     """Put one boundary fault into an instrumented RLlib config, to prove that its ledgers catch it.
 
     Args:
@@ -80,6 +95,8 @@ def inject(config: AlgorithmConfig, fault: str, *, env: int = 0, at: int = 10,
             field), for ``stepledger.faults.read_record``.
         place: ``"wrapper"``: a gym wrapper (``FaultyEnv``) outside ``LedgerEnv`` in every sub-env;
             ``"connector"``: an env-to-module connector piece, after the user's own, that edits the episode.
+        agent: a multi-agent run's agent that is hit (its episode in env ``env``'s MultiAgentEpisodes; the
+            record names its stream, ``env * n + k``); connector faults only so far.
     """
     creator = creator_of(config.env)
     if creator is None:
@@ -89,6 +106,11 @@ def inject(config: AlgorithmConfig, fault: str, *, env: int = 0, at: int = 10,
     if record is not None and storage.is_remote(os.fspath(record)):
         raise ValueError("stepledger.rllib.inject: record must be a local file")
     record = None if record is None else os.path.abspath(os.fspath(record))
+    if config.is_multi_agent and agent is None:
+        raise SettingsError("stepledger.rllib.inject: a multi-agent config: name the agent to hit (agent=...)")
+    if agent is not None and place == "wrapper":
+        raise SettingsError("stepledger.rllib.inject: multi-agent faults are injected in the connector pipeline "
+                            "only so far (place='connector')")
     if place == "wrapper":
         check_fault(fault, ENV_SIDE_FAULTS, "stepledger.rllib.inject")
         creator.fault = dict(fault=fault, env_index=int(env), at=int(at), record=record)
@@ -96,7 +118,8 @@ def inject(config: AlgorithmConfig, fault: str, *, env: int = 0, at: int = 10,
     check_fault(fault, CONNECTOR_FAULTS, "stepledger.rllib.inject")
     user = config._env_to_module_connector
     config.env_runners(env_to_module_connector=functools.partial(
-        _with_faulty_connector, user, dict(fault=fault, env_index=int(env), at=int(at), record=record)))
+        _with_faulty_connector, user, dict(fault=fault, env_index=int(env), at=int(at), record=record,
+                                           agent=agent)))
     return config
 
 

@@ -114,7 +114,19 @@ class LedgeredEnvCreator:
         return self.maker(ctx)
 
     def __call__(self, ctx):
-        env = LedgerEnv(self.make_inner(ctx), self.directory, reward_dtype=self.reward_dtype,
+        inner = self.make_inner(ctx)
+        from ray.rllib.env.multi_agent_env import MultiAgentEnv
+        if isinstance(inner, MultiAgentEnv):  # one stream an agent (stepledger.rllib.multiagent)
+            from stepledger.rllib.multiagent import LedgerMultiAgentEnv
+            if self.fault is not None:
+                raise SettingsError("stepledger.rllib.inject: place='wrapper' faults are single-agent only so far; "
+                                    "this env is a MultiAgentEnv")
+            if getattr(self, "live", False):
+                raise SettingsError("stepledger.rllib.instrument: live=True is single-agent only so far; "
+                                    "this env is a MultiAgentEnv")
+            return LedgerMultiAgentEnv(inner, self.directory, reward_dtype=self.reward_dtype,
+                                       keep_values=self.keep_values, flush_interval=self.flush_interval)
+        env = LedgerEnv(inner, self.directory, reward_dtype=self.reward_dtype,
                         keep_values=self.keep_values, flush_interval=self.flush_interval,
                         live=getattr(self, "live", False))
         if self.fault is not None:
@@ -175,7 +187,20 @@ def _index_env(run, env_runner, env, **_):
         allocator = ray.get_actor(ALLOCATOR % run)
         base = ray.get(allocator.take.remote(n))
     env_runner._stepledger_base = base
-    env.set_attr("stepledger_index", [base + j for j in range(n)])
+    if hasattr(env, "set_attr"):
+        env.set_attr("stepledger_index", [base + j for j in range(n)])
+        return
+    # a multi-agent runner's vector env (RLlib's SyncVectorMultiAgentEnv): each sub-env's LedgerMultiAgentEnv
+    from stepledger.rllib.multiagent import ledger_of
+    for j, sub in enumerate(env.envs):
+        ledger = ledger_of(sub)
+        if ledger is not None:
+            ledger.set_index(base + j)
+            env_runner._stepledger_agents = ledger.stream_agents
+    if getattr(env_runner, "_stepledger_agents", None) is not None:
+        # RLlib's own per-episode metrics, as it logs them: stepledger episodes checks them (rllib/episodes.py)
+        from stepledger.rllib.episodes import install_metrics_log
+        install_metrics_log(env_runner, creator_of(env_runner.config.env).directory, base)
 
 
 def _tag_episode(env_runner, episode, env_index, **_):
@@ -222,14 +247,35 @@ def _live_check(settings, env_runner, samples, metrics_logger):
 
 
 def pending_resets(env_runner):
-    """(env index, episode) of the runner's episodes that were reset and have no step yet."""
+    """(stream, episode) of the runner's episodes that were reset and have no step yet (of a multi-agent
+    runner: each agent's single-agent episode, with its agent's stream)."""
     if env_runner.config.in_evaluation:
         return []
+    agents = getattr(env_runner, "_stepledger_agents", None)
     out = []
     for ep in getattr(env_runner, "_ongoing_episodes", None) or []:
-        if ep is not None and ep.is_reset and ep.t_started == 0 and len(ep) == 0 and TAG in ep.custom_data:
-            out.append((int(ep.custom_data[TAG]), ep))
+        if ep is not None and ep.is_reset and _t_started(ep) == 0 and len(ep) == 0 and TAG in ep.custom_data:
+            out.extend(agent_units(ep, int(ep.custom_data[TAG]), agents))
     return out
+
+
+def _t_started(ep):
+    """The env step an episode (chunk) starts at: ``t_started``, a MultiAgentEpisode's ``env_t_started``."""
+    t = getattr(ep, "env_t_started", None)
+    return ep.t_started if t is None else t
+
+
+def agent_units(episode, env, agents):
+    """(stream, single-agent episode) pairs of an episode: (env, episode) itself with ``agents`` None."""
+    if agents is None:
+        return [(env, episode)]
+    from stepledger.rllib.multiagent import agent_units as units
+    return units(episode, env, agents)
+
+
+def runner_agents(env_runner):
+    """The possible agents of a multi-agent runner's envs (None: a single-agent runner, or none indexed)."""
+    return getattr(env_runner, "_stepledger_agents", None)
 
 
 def _runner_recorder(settings, env_runner):
@@ -239,7 +285,9 @@ def _runner_recorder(settings, env_runner):
         base = getattr(env_runner, "_stepledger_base", None)
         base = runner_base(env_runner) if base is None else base
         path = storage.join(settings["path"], RUNNER_FILE % base)
-        recorder = EpisodeRecorder(path, base + int(env_runner.num_envs), env_runner.config,
+        agents = runner_agents(env_runner)
+        recorder = EpisodeRecorder(path, (base + int(env_runner.num_envs)) * (len(agents) if agents else 1),
+                                   env_runner.config, agents=agents,
                                    reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
                                    flush_interval=settings["flush_interval"])
         env_runner._stepledger_recorder = recorder
@@ -304,8 +352,9 @@ class EpisodeRecorder:
     """
 
     def __init__(self, path, num_envs, config, reward_dtype=np.float32, keep_values=False, flush_interval=None,
-                 live=False):
+                 agents=None, live=False):
         self.path, self.num_envs, self.config = path, int(num_envs), config
+        self.agents = agents  # a multi-agent run's possible agents: agent k of env e is stream e * n + k
         self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
         self.live = live  # check each event against the live token in its info (path None: the check alone)
         self.ledger = None
@@ -313,6 +362,7 @@ class EpisodeRecorder:
         self.untagged = 0
         self.beyond = set()  # indices past num_envs: runners recreated more often than indices were kept for
         self.fragments, self.rows, self.end = {}, {}, {}  # a learner's: env -> [(offset, row)], rows, offset past
+        self.reset_of = {}  # stream -> the id_ of the episode whose reset it recorded last
 
     def _open(self, episode):
         from stepledger.recording.trainer import TrainerLedger
@@ -327,38 +377,54 @@ class EpisodeRecorder:
         slice has no ``custom_data``), and each slice's offset goes into the ledger (``set_fragments``)."""
         for ep in episodes:
             if positions is not None:
-                env, base = positions.get(ep.id_, (None, None))
+                units = [(None, sa) for _, sa in agent_units(ep, 0, self.agents)]
             else:
-                env = ep.custom_data.get(TAG) if hasattr(ep, "custom_data") else None
-            if env is None:
-                self.untagged += 1
-                continue
-            if env >= self.num_envs:
-                if env not in self.beyond:
-                    self.beyond.add(env)
-                    warnings.warn("stepledger.rllib: env %d (of a runner RLlib recreated more often than the %d "
-                                  "indices kept for recreated runners) is not recorded on the trainer side"
-                                  % (env, self.num_envs), RuntimeWarning, stacklevel=2)
-                continue
-            if self.ledger is None:
-                self._open(ep)
-            m = len(ep)
-            if positions is not None:
-                self._at(env, base + (0 if ep.t_started == 0 else 1 + ep.t_started), m + (ep.t_started == 0))
-            if ep.t_started == 0:
+                tag = ep.custom_data.get(TAG) if hasattr(ep, "custom_data") else None
+                if tag is None:
+                    self.untagged += 1
+                    continue
+                units = agent_units(ep, int(tag), self.agents)
+            for stream, sa in units:
+                base = None
+                if positions is not None:
+                    stream, base = positions.get(sa.id_, (None, None))
+                    if stream is None:
+                        self.untagged += 1
+                        continue
+                self._record_one(stream, sa, base)
+
+    def _record_one(self, env, ep, base):
+        """One episode (chunk, slice) of stream ``env``; ``base``: the offset of its reset (a learner's)."""
+        if env >= self.num_envs:
+            if env not in self.beyond:
+                self.beyond.add(env)
+                warnings.warn("stepledger.rllib: env %d (of a runner RLlib recreated more often than the %d "
+                              "indices kept for recreated runners) is not recorded on the trainer side"
+                              % (env, self.num_envs), RuntimeWarning, stacklevel=3)
+            return
+        if self.ledger is None:
+            self._open(ep)
+        m, t = len(ep), ep.t_started
+        # an agent that joined at a chunk's last step has its reset in that chunk and in the next one again
+        again = t == 0 and self.agents is not None and self.reset_of.get(env) == ep.id_
+        if base is not None:
+            self._at(env, base + (0 if t == 0 and not again else 1 + t), m + (t == 0 and not again))
+        if t == 0:
+            if not again:
                 token = _token(ep.get_infos(0)) if self.live else None
                 self.ledger.env_reset(env, ep.get_observations(0), token)  # without the lookback buffer
-            elif positions is None and self.next_t.get(env) != ep.t_started:
-                warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at %s: "
-                              "the steps between never reached the learner" % (env, ep.t_started, self.next_t.get(env)),
-                              RuntimeWarning, stacklevel=2)
-            self.next_t[env] = ep.t_started + m
-            if m == 0:
-                continue
-            actions = env_actions(ep.get_actions(), ep.action_space, self.config)
-            tokens = [_token(info) for info in ep.get_infos(slice(1, None))] if self.live else None
-            self.ledger.env_steps(env, actions, ep.get_observations(slice(1, None)), np.asarray(ep.get_rewards()),
-                                  _flags(m, ep.is_terminated), _flags(m, ep.is_truncated), tokens)
+                self.reset_of[env] = ep.id_
+        elif base is None and self.next_t.get(env) != t:
+            warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at %s: "
+                          "the steps between never reached the learner" % (env, t, self.next_t.get(env)),
+                          RuntimeWarning, stacklevel=3)
+        self.next_t[env] = t + m
+        if m == 0:
+            return
+        actions = env_actions(ep.get_actions(), ep.action_space, self.config)
+        tokens = [_token(info) for info in ep.get_infos(slice(1, None))] if self.live else None
+        self.ledger.env_steps(env, actions, ep.get_observations(slice(1, None)), np.asarray(ep.get_rewards()),
+                              _flags(m, ep.is_terminated), _flags(m, ep.is_truncated), tokens)
 
     def _at(self, env, offset, n):
         """The next n events of env are at ``offset`` of its stream: a new fragment where they do not follow
@@ -413,6 +479,10 @@ def _hook_algorithm(settings, algorithm, **_):
             name=ALLOCATOR % settings["run"]).remote(total)
         restarts = min(int(config.max_num_env_runner_restarts), RESTARTS_KEPT)
         total += restarts * n * runners
+    agents = None
+    if config.is_multi_agent:  # each agent of each sub-env is a stream: total * n of them
+        agents = _possible_agents(algorithm)
+        total *= len(agents)
     if settings["placement"] != "learner":
         return
     group = algorithm.learner_group
@@ -424,14 +494,14 @@ def _hook_algorithm(settings, algorithm, **_):
         name = TRAINER_FILE if len(learners) == 1 else LEARNER_FILE % k
         for r in group.foreach_learner(_install_tap, remote_actor_ids=None if group.is_local else [actor],
                                        path=storage.join(settings["path"], name), num_envs=total,
-                                       options=dict(reward_dtype=settings["reward_dtype"],
+                                       options=dict(reward_dtype=settings["reward_dtype"], agents=agents,
                                                     keep_values=settings["keep_values"],
                                                     flush_interval=settings["flush_interval"])):
             if not r.ok:  # RLlib returns a learner's error instead of raising it
                 raise r.get()
             if r.get() is False:
                 raise no_learner_pipeline(config.learner_class)
-    positions = EpisodePositions()
+    positions = EpisodePositions(agents)
     algorithm._stepledger_positions = positions
     update, stop = group.update, algorithm.stop
 
@@ -473,32 +543,36 @@ class EpisodePositions:
     the offset of its reset), which survive RLlib's slicing of episodes across learners (``custom_data`` does
     not). An env's stream: a reset, the episode's steps, the next reset..."""
 
-    def __init__(self):
+    def __init__(self, agents=None):
         self.base = {}  # id_ of an episode not yet done -> (env, offset of its reset)
         self.end = {}   # env -> the offset past its last event handed to the learners
+        self.agents = agents  # a multi-agent run's: each agent's episode is keyed by its own id_, stream e * n + k
 
     def of(self, episodes):
         out = {}
-        for ep in episodes:
-            env = ep.custom_data.get(TAG)
-            if env is None:
+        for episode in episodes:
+            tag = episode.custom_data.get(TAG)
+            if tag is None:
                 continue
-            t = ep.t_started
-            if t == 0:
-                base = self.end.get(env, 0)
-            else:
+            for env, ep in agent_units(episode, int(tag), self.agents):
+                t = ep.t_started
                 known = self.base.get(ep.id_)
-                base = known[1] if known is not None else self.end.get(env, 0) - 1 - t
-                if base + 1 + t != self.end.get(env):
-                    warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended at "
-                                  "event %s of its stream, not %d: the events between never reached the learner"
-                                  % (env, t, self.end.get(env), base + 1 + t), RuntimeWarning, stacklevel=2)
-            out[ep.id_] = (env, base)
-            self.end[env] = base + 1 + t + len(ep)
-            if ep.is_done:
-                self.base.pop(ep.id_, None)
-            else:
-                self.base[ep.id_] = (env, base)
+                if t == 0:
+                    # an agent that joined at a chunk's last step: its reset is in the next chunk again
+                    base = known[1] if known is not None and self.agents is not None else self.end.get(env, 0)
+                else:
+                    base = known[1] if known is not None else self.end.get(env, 0) - 1 - t
+                    if base + 1 + t != self.end.get(env):
+                        warnings.warn("stepledger.rllib: env %d: a chunk starting at step %d follows one that ended "
+                                      "at event %s of its stream, not %d: the events between never reached the "
+                                      "learner" % (env, t, self.end.get(env), base + 1 + t), RuntimeWarning,
+                                      stacklevel=2)
+                out[ep.id_] = (env, base)
+                self.end[env] = base + 1 + t + len(ep)
+                if ep.is_done:
+                    self.base.pop(ep.id_, None)
+                else:
+                    self.base[ep.id_] = (env, base)
         return out
 
     def resets(self, resets):
@@ -508,6 +582,17 @@ class EpisodePositions:
             out.append(self.end.get(env, 0))
             self.end[env] = out[-1] + 1
         return out
+
+
+def _possible_agents(algorithm):
+    """The possible agents of a multi-agent run's envs, as its env runners' LedgerMultiAgentEnvs have them."""
+    runners = algorithm.env_runner_group
+    local = runners.local_env_runner is not None and runners.local_env_runner.env is not None
+    for agents in runners.foreach_env_runner(runner_agents, local_env_runner=local):
+        if agents:
+            return agents
+    raise SettingsError("stepledger.rllib.instrument: this multi-agent config's env runners hold no "
+                        "MultiAgentEnv of possible_agents to record (is config.env a MultiAgentEnv?)")
 
 
 def _learner_token(learner):
@@ -634,8 +719,6 @@ def instrument(config: AlgorithmConfig, path: str | os.PathLike[str], *, placeme
     if not (config.enable_env_runner_and_connector_v2 and config.enable_rl_module_and_learner):
         raise SettingsError("stepledger.rllib.instrument: the config is on RLlib's old API stack; stepledger records "
                             "the new one (env runners, episodes and learners)")
-    if config.is_multi_agent:
-        raise SettingsError("stepledger.rllib.instrument: multi-agent configs are not supported (single agent only)")
     if creator_of(config.env) is not None:
         raise SettingsError("stepledger.rllib.instrument: this config is already instrumented (into %s)"
                             % creator_of(config.env).directory)

@@ -2,6 +2,8 @@
 
 from stepledger.libraries import Library, positive_int
 
+# --agent (the pettingzoo library's option, shared by the check's parser) names, with --trainer rllib, the
+# agent each fault hits in a registered multi-agent env (check_rllib(agent=...), --place connector)
 LIBRARY = Library(
     name="rllib",
     summary="Ray RLlib: instrument(config, path) puts both ledgers into the env runners and learners",

