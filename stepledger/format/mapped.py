@@ -84,6 +84,15 @@ def maps_of(ledger_path):
     return sorted(glob.glob(glob.escape(ledger_path + S.MAP_INFIX) + "*"))
 
 
+def writer_running(meta):
+    """Whether the process that wrote a mapped part (its meta) still runs on this machine: its recording is
+    then in progress, and is read from what it has written (its final file or segments) as before; its mapped
+    part is read once that process is gone (killed, or ended without a word)."""
+    pid = meta.get(S.META_PID)
+    return isinstance(pid, int) and meta.get(S.META_HOST) == processes.HOST and \
+        bool(processes.running(pid, meta.get(S.META_PID_START)))
+
+
 def remove_stale(ledger_path, own):
     """Mapped parts at ``ledger_path`` that earlier recordings left (their process gone), but ``own``: the
     next writer's first segment supersedes them, as it does an earlier run's segments."""
@@ -91,10 +100,7 @@ def remove_stale(ledger_path, own):
         if path == own or S.TMP_INFIX in path:
             continue
         found = read_map(path)
-        meta = found.meta if found is not None else {}
-        pid = meta.get(S.META_PID)
-        if isinstance(pid, int) and meta.get(S.META_HOST) == processes.HOST and \
-                processes.running(pid, meta.get(S.META_PID_START)):
+        if writer_running(found.meta if found is not None else {}):
             continue
         try:
             os.unlink(path)

@@ -20,7 +20,7 @@ from stepledger.format import storage
 from stepledger import wording
 from stepledger.errors import LedgerError
 from stepledger.format.ledgerfile import CHUNK, LedgerFile, encoded_offsets, positions, spill_dir
-from stepledger.format.mapped import MappedStreams, maps_of, read_map
+from stepledger.format.mapped import MappedStreams, maps_of, read_map, writer_running
 from stepledger._fallback import decode_leaves
 from stepledger.format.spaces import digest_signature
 
@@ -500,9 +500,12 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
             elif _UNINDEXED_FILE.match(entry):
                 unindexed.add(entry)
             elif _MAP_FILE.match(entry):
-                # an env killed before its first spill: its mapped part holds its events
+                # an env killed before its first spill: its mapped part holds its events (one whose process
+                # still runs is a recording in progress that has written nothing yet: not a ledger so far)
                 name = _MAP_FILE.match(entry).group(1)  # type: ignore[union-attr]
-                if _ENV_FILE.match(name):
+                if name in names or _live_map(os.path.join(path, name)) is None:
+                    pass
+                elif _ENV_FILE.match(name):
                     names.add(name)
                 elif _UNINDEXED_FILE.match(name):
                     unindexed.add(name)
@@ -680,9 +683,11 @@ def _named(names: list[str]) -> str:
 
 
 def _live_map(path: str) -> MappedStreams | None:
-    """The mapped part at ``path`` of the recording that began last and has events, else None."""
+    """The mapped part at ``path`` of the recording that began last and has events, else None. A recording
+    whose process still runs is in progress: it is read from its files, as a recording without a mapped part
+    is (format/mapped.writer_running)."""
     found = [m for m in (read_map(p) for p in maps_of(path)) if m is not None]
-    found = [m for m in found if m.n_events() or m.damaged]
+    found = [m for m in found if (m.n_events() or m.damaged) and not writer_running(m.meta)]
     if not found:
         return None
     return max(found, key=lambda m: (m.meta.get(S.META_STARTED) or 0, m.writer or ""))
