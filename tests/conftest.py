@@ -25,6 +25,27 @@ def _run_python(code, env_vars=None, timeout=120):
     return proc.stdout
 
 
+import multiprocessing as _mp
+
+_START_METHOD = _mp.get_start_method(allow_none=True)  # the session's, before any test ran (None: the platform's)
+_TORCHRL_TESTS = os.path.join(TESTS_DIR, "torchrl")
+
+
+@pytest.fixture(autouse=True)
+def _the_start_method_a_test_meets_is_the_sessions(request):
+    """Importing torchrl sets multiprocessing's start method to spawn for the whole process. A test that imported
+    it (tests/package's import checks, say) left every later test starting its vector envs' workers by spawn, not
+    by the platform's default that users get: another thing tested, and slower (Tianshou's subproc fault matrix
+    took 498 s in the suite, 32 s alone). Each test outside tests/torchrl meets the session's start method; each
+    in it, once torchrl is imported, the one torchrl's import sets (spawn), as a TorchRL user's process has."""
+    want = _START_METHOD
+    if str(request.node.path).startswith(_TORCHRL_TESTS):
+        want = "spawn" if "torchrl" in sys.modules else _mp.get_start_method(allow_none=True)
+    if _mp.get_start_method(allow_none=True) != want:
+        _mp.set_start_method(want, force=True)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _no_recording_outlives_its_test():
     """Close the recordings a test left open (one that failed half-way, say), and forget those that cannot
