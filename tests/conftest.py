@@ -86,6 +86,22 @@ def s3_server():
 
 
 @pytest.fixture
+def workers_used(monkeypatch):
+    """compare's size rule (report/parallel.py) lowered to one event, so that small ledgers use worker
+    processes; the list of worker counts each start of workers used."""
+    from stepledger.report import parallel
+    monkeypatch.setattr(parallel, "MIN_EVENTS_A_WORKER", 1)
+    calls = []
+    real = parallel._in_processes
+
+    def spy(fn, work, count_all, meta, workers, progress):
+        calls.append(workers)
+        return real(fn, work, count_all, meta, workers, progress)
+    monkeypatch.setattr(parallel, "_in_processes", spy)
+    return calls
+
+
+@pytest.fixture
 def run_python():
     return _run_python
 

@@ -62,20 +62,6 @@ def runs(tmp_path_factory):
     return {"clean": write_batches(str(base / "clean")), "faulty": write_batches(str(base / "faulty"), (5, 77))}
 
 
-@pytest.fixture
-def workers_used(monkeypatch):
-    """The size rule lowered to one event (small ledgers use workers); records each start of workers."""
-    monkeypatch.setattr(parallel, "MIN_EVENTS_A_WORKER", 1)
-    calls = []
-    real = parallel._in_processes
-
-    def spy(fn, work, count_all, meta, workers, progress):
-        calls.append(workers)
-        return real(fn, work, count_all, meta, workers, progress)
-    monkeypatch.setattr(parallel, "_in_processes", spy)
-    return calls
-
-
 def test_batch_file_names_give_all_their_envs():
     assert env_indices_of("env-4-6.npz") == range(4, 7)
     assert env_indices_of("env-7.npz") == range(7, 8)

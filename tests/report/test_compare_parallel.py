@@ -56,20 +56,6 @@ def runs(tmp_path_factory):
     return {"clean": clean, "faulty": faulty, "odd": odd}
 
 
-@pytest.fixture
-def workers_used(monkeypatch):
-    """Lowers the size rule to one event and records each time compare starts worker processes."""
-    monkeypatch.setattr(parallel, "MIN_EVENTS_A_WORKER", 1)
-    calls = []
-    real = parallel._in_processes
-
-    def spy(fn, work, count_all, meta, workers, progress):
-        calls.append(workers)
-        return real(fn, work, count_all, meta, workers, progress)
-    monkeypatch.setattr(parallel, "_in_processes", spy)
-    return calls
-
-
 def assert_same_report(many, one):
     """The text, the JSON and what the HTML page draws (each difference's spread, agents and trainer file; the
     page itself) are one process's."""
