@@ -294,7 +294,7 @@ def build_parser():
     c.add_argument("--ray", metavar="ADDRESS", nargs="?", const=True, default=None,
                    help="compare the envs as Ray tasks on the cluster at ADDRESS (without ADDRESS: the one "
                         "RAY_ADDRESS names, or 'auto'), each task reading its ledgers from the path or URL "
-                        "itself; needs Ray")
+                        "itself (one task per CPU of the cluster, or --jobs N tasks); needs Ray")
     c.add_argument("--html", metavar="FILE",
                    help="also write the report as one self-contained HTML page to FILE: the summary, a row per "
                         "stream with where it differs (with --all, where every difference falls), both sides' "

@@ -24,7 +24,7 @@ import zlib
 import numpy as np
 
 from stepledger.format import schema as S
-from stepledger.format import processes
+from stepledger.format import ondemand, processes
 from stepledger.format.zipwriter import DEFLATE, INFLATE_ERRORS, InflateCursor, ZipWriter, inflate_prefix
 from stepledger.errors import LedgerError, one_line
 
@@ -251,6 +251,7 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (
 
 def _pread(fd, n, offset):
     """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+    ondemand.fill(fd, offset, n)
     parts, got = [], 0
     while got < n:
         data = os.pread(fd, n - got, offset + got)
@@ -335,6 +336,28 @@ def read_directory(fd, size, path):
     that overlap or run past the directory, and declared sizes that stored or
     deflated data cannot have.
     """
+    entries, cd_offset = central_directory(fd, size, path)
+    # Every member's local header, and no member overlapping another or the directory.
+    limit = cd_offset
+    for e in sorted(entries.values(), key=lambda e: e.offset, reverse=True):
+        local = _pread(fd, _LOCAL.size, e.offset) if e.offset + _LOCAL.size <= limit else b""
+        if len(local) != _LOCAL.size or local[:4] != b"PK\x03\x04":
+            raise LedgerError("%s: member %s has a damaged local header" % (path, e.name))
+        n_name, n_extra = _LOCAL.unpack(local)[9:]
+        if _pread(fd, n_name, e.offset + _LOCAL.size) != e.data:
+            raise LedgerError("%s: member %s has a damaged local header (another name)" % (path, e.name))
+        e.data = e.offset + _LOCAL.size + n_name + n_extra
+        if e.data + e.csize > limit:
+            raise LedgerError("%s: member %s runs into %s" % (
+                path, e.name, "the ZIP directory" if limit == cd_offset else "the next member"))
+        limit = e.offset
+    return entries
+
+
+def central_directory(fd, size, path):
+    """The members a ZIP file's central directory declares, their local headers not yet read: ({name: _Entry
+    whose ``data`` is its name as bytes}, where the directory starts). The checks of read_directory that the
+    directory alone allows."""
     magic = _pread(fd, 4, 0)
     if size < _EOCD.size:
         if size == 0:
@@ -397,21 +420,7 @@ def read_directory(fd, size, path):
         entries[name].data = raw  # the name as bytes, until the local header is checked
     if pos != len(cd):
         raise LedgerError("%s: damaged ledger (the ZIP directory holds more than its %d entries)" % (path, count))
-    # Every member's local header, and no member overlapping another or the directory.
-    limit = cd_offset
-    for e in sorted(entries.values(), key=lambda e: e.offset, reverse=True):
-        local = _pread(fd, _LOCAL.size, e.offset) if e.offset + _LOCAL.size <= limit else b""
-        if len(local) != _LOCAL.size or local[:4] != b"PK\x03\x04":
-            raise LedgerError("%s: member %s has a damaged local header" % (path, e.name))
-        n_name, n_extra = _LOCAL.unpack(local)[9:]
-        if _pread(fd, n_name, e.offset + _LOCAL.size) != e.data:
-            raise LedgerError("%s: member %s has a damaged local header (another name)" % (path, e.name))
-        e.data = e.offset + _LOCAL.size + n_name + n_extra
-        if e.data + e.csize > limit:
-            raise LedgerError("%s: member %s runs into %s" % (
-                path, e.name, "the ZIP directory" if limit == cd_offset else "the next member"))
-        limit = e.offset
-    return entries
+    return entries, cd_offset
 
 
 # A .npy header's dict, read without ast: numpy's own reader runs ast.literal_eval, which CPython 3.11
@@ -606,6 +615,7 @@ class _ColumnSource:
         offset = self.info.data + self.header_len + start * row_bytes
         got = 0
         try:
+            ondemand.fill(self.fd, offset, want)
             while got < want:
                 n = os.preadv(self.fd, [view[got:]], offset + got)
                 if not n:

@@ -153,21 +153,27 @@ def isdir(url):
 
 def listdir(url):
     """Names (not paths) in the directory ``url``; [] if there is none."""
+    return sorted(listing(url))
+
+
+def listing(url):
+    """{name: size in bytes, None for a directory} of the directory ``url``, in one listing; {} if there is none."""
     fs, p = filesystem(url)
     _fresh(fs)
     try:
-        entries = fs.ls(p, detail=False)
+        entries = fs.ls(p, detail=True)
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return {}
     except Exception as exc:
         raise LedgerError("%s: cannot list (%s)" % (url, one_line(exc))) from None
     own = p.rstrip("/")
-    names = []
+    out = {}
     for e in entries:
-        e = e.rstrip("/")
-        if e != own:
-            names.append(posixpath.basename(e))
-    return sorted(set(names))
+        name = e["name"].rstrip("/") if isinstance(e, dict) else str(e).rstrip("/")
+        if name != own:
+            kind = e.get("type") if isinstance(e, dict) else None
+            out[posixpath.basename(name)] = None if kind == "directory" else e.get("size")
+    return out
 
 
 def remove(url):

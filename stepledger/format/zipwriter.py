@@ -19,6 +19,8 @@ import struct
 import types
 import zlib
 
+from stepledger.format import ondemand
+
 _deflate: types.ModuleType  # isal's isal_zlib where it is installed, else zlib: the same API
 try:
     from isal import isal_zlib as _deflate
@@ -106,6 +108,7 @@ INFLATE_ERRORS = (zlib.error,) + ((_deflate.error,) if _deflate is not zlib else
 
 def inflate_prefix(fd, data_start, compress_size, n):
     """The first ``n`` bytes (at most) of a deflated member, from at most ``2 * n + 4096`` compressed bytes."""
+    ondemand.fill(fd, data_start, min(compress_size, 2 * n + 4096))
     src = os.pread(fd, min(compress_size, 2 * n + 4096), data_start)
     return _deflate.decompressobj(-15).decompress(src, n)
 
@@ -123,7 +126,8 @@ class InflateCursor:
     member read to its end has been verified.
     """
 
-    INPUT = 1 << 20  # compressed bytes read at a time
+    INPUT = 1 << 20  # compressed bytes read at a time, at most: the first read takes FIRST_INPUT, each next twice
+    FIRST_INPUT = 64 << 10  # as many (a reader of a member's first rows reads little of a copy filled as read)
 
     def __init__(self, fd, data_start, compress_size, crc, file_size):
         self.fd = fd
@@ -136,9 +140,15 @@ class InflateCursor:
         self.crc = 0
         self.total = 0
         self.eof = False
+        self.input = self.FIRST_INPUT
 
     def _input(self):
-        src = os.pread(self.fd, min(self.left, self.INPUT), self.pos) if self.left > 0 else b""
+        if self.left <= 0:
+            return b""
+        n = min(self.left, self.input)
+        self.input = min(self.INPUT, 2 * self.input)
+        ondemand.fill(self.fd, self.pos, n)
+        src = os.pread(self.fd, n, self.pos)
         self.pos += len(src)
         self.left -= len(src)
         return src

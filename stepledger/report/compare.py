@@ -23,7 +23,7 @@ from stepledger.report.base import DifferenceReport
 from stepledger.report import parallel
 from stepledger.errors import LedgerError, SettingsError
 from stepledger.format.ledgerfile import CHUNK, positions
-from stepledger.report.read import (FIRST_EVENTS, Columns, Ledger, LedgerPath, MergedLedger, Meta, Overlap,
+from stepledger.report.read import (FIRST_EVENTS, ON_DEMAND, Columns, Ledger, LedgerPath, MergedLedger, Meta, Overlap,
                                     Stream, TrainerSpec, env_indices_of, fragments_of, read, read_ledger,
                                     read_trainers)
 
@@ -937,7 +937,7 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
     ``jobs`` worker processes compare the envs (default: the cores this process may run on; a compare
     too small to gain from workers runs in this process); ``ray`` runs them as Ray tasks instead, on the
     cluster at that address (``True``: the cluster this process has joined, else ``"auto"``), each task
-    reading its ledgers from the path or URL itself. The report is the same, byte for byte, however it
+    reading its ledgers from the path or URL itself: ``jobs`` tasks, or one per CPU of the cluster. The report is the same, byte for byte, however it
     was run. A worker or task that dies raises ``WorkerLost`` (a LedgerError): no report.
 
     ``env_dir`` may also be one env ledger file: the envs it holds are compared, and only they (a line
@@ -949,8 +949,17 @@ def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = Fa
     going), streams that agree as far as both go but end at different points
     get a line of their own and are not a difference.
     """
-    if ray is None or ray is False:
-        parallel.check_jobs(jobs)  # bad input is refused before anything is read
+    parallel.check_jobs(jobs)  # bad input is refused before anything is read
+    # On Ray, the tasks read the ledgers' columns: this process fetches of a URL's ledgers what it reads
+    on_demand = ON_DEMAND.set(ON_DEMAND.get() or parallel.on_ray(ray))
+    try:
+        return _compare(env_dir, trainer_file, count_all, progress, jobs, ray)
+    finally:
+        ON_DEMAND.reset(on_demand)
+
+
+def _compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool,
+             progress: Callable[[int, int], Any] | None, jobs: int | None, ray: str | bool | None) -> Report:
     try:
         tr_ledger, tr_lines = read_trainer_side(trainer_file)
     except LedgerError:

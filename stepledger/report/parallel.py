@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from stepledger import wording
 from stepledger.errors import LedgerError, WorkerLost, one_line
 from stepledger.format import schema as S
-from stepledger.format import storage
+from stepledger.format import ondemand, storage
 from stepledger.format.ledgerfile import LedgerFile
 from stepledger.report.read import Stream, StreamRef, open_stream, stream_ref
 
@@ -76,9 +76,14 @@ def check_jobs(jobs: Any) -> int:
     return n
 
 
+def on_ray(ray: Any) -> bool:
+    """Whether ``ray`` (compare's argument) asks for Ray tasks."""
+    return ray is not None and ray is not False
+
+
 def opening_threads(jobs: Any, ray: Any) -> int:
     """Threads that open the env ledgers (read.read_ledger): as many as there are local workers."""
-    return 1 if ray is not None and ray is not False else check_jobs(jobs)
+    return 1 if on_ray(ray) else check_jobs(jobs)
 
 
 def _events(work: EnvWork) -> int:
@@ -111,8 +116,8 @@ def compare_envs(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta
         # process's memory only: no other process can open it by name, so all envs are compared here (a
         # forked worker would have it, but a run's compare should not depend on the start method)
         return _here(fn, work, count_all, meta, progress)
-    if ray is not None and ray is not False:
-        return _on_ray(fn, work, count_all, meta, ray, progress, ledgers)
+    if on_ray(ray):
+        return _on_ray(fn, work, count_all, meta, ray, jobs, progress, ledgers)
     workers = min(check_jobs(jobs), max(1, sum(_events(w) for w in work) // MIN_EVENTS_A_WORKER),
                   max(1, sum(1 for w in work if _events(w))))
     if workers <= 1:
@@ -170,6 +175,7 @@ class _Files:
         self.local = local
         self.trainer: set[str] = set()
         self.copies: dict[str, str] = {}  # URL -> its local copy
+        self.on_demand: dict[str, ondemand.OnDemand] = {}  # URL -> its copy, filled as it is read
 
     def get(self, path: str, fingerprint: Any) -> LedgerFile:
         lf = self.open.get(path)
@@ -178,7 +184,10 @@ class _Files:
             if storage.is_remote(path):
                 assert self.local is not None
                 where = os.path.join(self.local, "%d-%s" % (len(self.copies), path.rstrip("/").rsplit("/", 1)[-1]))
-                storage.fetch(path, where)
+                size = storage.size(path)
+                if size is not None:  # only the rows of this task's envs are fetched (format/ondemand.py)
+                    copy = self.on_demand[path] = ondemand.OnDemand(path, where, size)
+                    ondemand.prefetch([copy])
                 self.copies[path] = where
             try:
                 lf = LedgerFile(where, checked=True)  # compare opened it and checked its small members
@@ -211,19 +220,27 @@ class _Files:
                     wanted.update(path for path, _, _ in ref[0][1])
         for path in [p for p in self.open if p not in wanted]:
             self.open.pop(path).close()
-            local = self.copies.pop(path, None)
-            if local is not None:
-                os.remove(local)
+            self._drop(path)
 
     def rename(self, text: str) -> str:
         for url, local in self.copies.items():
             text = text.replace(local, url)
         return text
 
+    def _drop(self, url: str) -> None:
+        copy = self.on_demand.pop(url, None)
+        if copy is not None:
+            copy.release()
+        local = self.copies.pop(url, None)
+        if local is not None and os.path.exists(local):
+            os.remove(local)
+
     def close(self) -> None:
         for lf in self.open.values():
             lf.close()
         self.open.clear()
+        for copy in self.on_demand.values():
+            copy.release()
 
 
 def _run_items(fn: EnvFunction, items: list[_Item], count_all: bool, meta: Meta, files: _Files,
@@ -475,7 +492,7 @@ def _reachable(address: str) -> None:
         raise LedgerError(wording.ray_unreachable(address, exc.strerror or one_line(exc))) from None
 
 
-def _on_ray(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta: Meta, ray_arg: Any,
+def _on_ray(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta: Meta, ray_arg: Any, jobs: Any,
             progress: Callable[[int, int], Any] | None, ledgers: Sequence[Ledger]) -> list[EnvOutcome]:
     ray = _join_ray(ray_arg)
 
@@ -484,7 +501,8 @@ def _on_ray(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta: Met
             path = led.rename(path)
         return path
 
-    tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    # one task per CPU of the cluster, or as many as ``jobs`` says
+    tasks = check_jobs(jobs) if jobs is not None else max(1, int(ray.cluster_resources().get("CPU", 1)))
     groups = plan(work, min(tasks, max(1, len(work))))
     remote = ray.remote(num_cpus=1, max_retries=0)(_ray_group)
     futures = {remote.remote(fn, _items(work, positions, name), count_all, meta): positions for positions in groups}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import fnmatch
 import glob
 import itertools
@@ -21,6 +22,7 @@ from stepledger import wording
 from stepledger.errors import LedgerError
 from stepledger.format.ledgerfile import CHUNK, LedgerFile, encoded_offsets, positions, spill_dir
 from stepledger.format.mapped import MappedStreams, maps_of, read_map, writer_running
+from stepledger.format.ondemand import OnDemand, prefetch
 from stepledger._fallback import decode_leaves
 from stepledger.format.spaces import digest_signature
 
@@ -211,6 +213,7 @@ class Ledger:
         self._files = files
         # a URL's local copy: (TemporaryDirectory, local path, URL)
         self._copy: tuple[tempfile.TemporaryDirectory[str], str, str] | None = None
+        self._on_demand: list[OnDemand] = []  # its files, where the copy is filled as it is read
         # env directory: (name, reason) of env ledgers left out (see read_ledger)
         self.skipped: list[tuple[str, str]] = []
         # env directory: (name, env index, meta) of second recordings of an env and of copies of its LedgerEnv
@@ -244,6 +247,8 @@ class Ledger:
     def close(self) -> None:
         for lf in self._files:
             lf.close()
+        for copy in self._on_demand:
+            copy.release()
         if self._copy is not None:
             self._copy[0].cleanup()
 
@@ -808,49 +813,76 @@ def _read_file(path: str) -> Ledger:
     return Ledger(path, meta, streams, partial, on_disk)
 
 
+# Set while a Ray compare's driver reads (report/parallel.py): a URL's ledgers are then copied on demand
+# (format/ondemand.py), so that the driver fetches what it reads of them, not their columns.
+ON_DEMAND: contextvars.ContextVar[bool] = contextvars.ContextVar("stepledger_on_demand", default=False)
+
+
 def _read_url(url: str, accept: Accept | None = None, unread: list[tuple[str, str]] | None = None,
               threads: int = 1) -> Ledger:
     """Read a ledger at an fsspec URL: copy it (and its spill segments) to a local directory, read the copy.
 
-    The copy is removed when the Ledger is closed. Error messages name the URL.
+    The copy is removed when the Ledger is closed. Error messages name the URL. Under ON_DEMAND the copy
+    is filled as it is read.
     """
     url = url.rstrip("/") if not url.endswith("://") else url
     tmp = tempfile.TemporaryDirectory(prefix="stepledger-read-")
     local = tmp.name
+    made: list[OnDemand] = []
     try:
+        # (URL, local path, size): fetched together, where object stores download them concurrently
+        copies: list[tuple[str, str, int | None]] = []
         if storage.isdir(url):
             if url.endswith(".spill"):
                 raise LedgerError("%s: is a directory, not a ledger file" % url)
             local = os.path.join(tmp.name, "ledger")
             os.makedirs(local)
-            copies: list[tuple[str, str]] = []  # fetched together: object stores download them concurrently
-            for name in storage.listdir(url):
+            for name, size in sorted(storage.listing(url).items()):
                 if _ENV_FILE.match(name) or _DUP_FILE.match(name) or _UNINDEXED_FILE.match(name):
-                    copies.append((storage.join(url, name), os.path.join(local, name)))
+                    copies.append((storage.join(url, name), os.path.join(local, name), size))
                 elif name.endswith(".npz.spill") and (_ENV_FILE.match(name[:-6]) or _UNINDEXED_FILE.match(name[:-6])):
                     copies += _segment_copies(storage.join(url, name[:-6]), os.path.join(local, name[:-6]))
-            storage.fetch_all(copies)
         else:
             local = os.path.join(tmp.name, url.rsplit("/", 1)[-1] or "ledger.npz")
-            storage.fetch(url, local)
-            storage.fetch_all(_segment_copies(url, local))
+            copies = [(url, local, None)] + _segment_copies(url, local)
+        _copy_all(copies, made)
         ledger = read_ledger(local, accept, unread, threads=threads)
     except LedgerError as exc:
+        for copy in made:
+            copy.release()
         tmp.cleanup()
         raise type(exc)(str(exc).replace(local, url)) from None
     except BaseException:
+        for copy in made:
+            copy.release()
         tmp.cleanup()
         raise
     ledger.path = url
     ledger._copy = (tmp, local, url)
+    ledger._on_demand = made
     return ledger
 
 
-def _segment_copies(url: str, local: str) -> list[tuple[str, str]]:
-    """(URL, local path) of each spill segment of the ledger ``url`` (``url.spill/seg-*.npz``), next to its copy."""
+def _copy_all(copies: list[tuple[str, str, int | None]], made: list[OnDemand]) -> None:
+    """Each (URL, local path, size) copied: whole, or, under ON_DEMAND, as an on-demand copy (appended to
+    ``made``) with what opening it reads fetched."""
+    if not ON_DEMAND.get():
+        storage.fetch_all([(u, local) for u, local, _ in copies])
+        return
+    for u, local, size in copies:
+        if size is None:
+            size = storage.size(u)
+        if size is not None:  # else gone since it was listed, as fetch skips it
+            made.append(OnDemand(u, local, size))
+    prefetch(made)
+
+
+def _segment_copies(url: str, local: str) -> list[tuple[str, str, int | None]]:
+    """(URL, local path, size) of each spill segment of the ledger ``url`` (``url.spill/seg-*.npz``), next to
+    its copy."""
     directory = spill_dir(url)
-    return [(storage.join(directory, name), os.path.join(spill_dir(local), name))
-            for name in storage.listdir(directory) if fnmatch.fnmatch(name, "seg-*.npz")]
+    return [(storage.join(directory, name), os.path.join(spill_dir(local), name), size)
+            for name, size in sorted(storage.listing(directory).items()) if fnmatch.fnmatch(name, "seg-*.npz")]
 
 
 # ---------------------------------------------------------------- several trainer files

@@ -143,6 +143,38 @@ def test_ray_tasks_read_the_ledgers_from_the_object_store_themselves(cluster, ru
     assert named and all(p.startswith(urls[which][0] + "/") for p in named)  # each task fetches from the URL
 
 
+def test_the_driver_fetches_what_it_reads_of_the_ledgers_not_their_columns(cluster, runs, s3, monkeypatch):
+    """From a URL the driver's copies are filled as it reads them (format/ondemand.py): it fetches the
+    directories and the members it checks, the tasks fetch the columns. The report is the local one."""
+    from stepledger.format import ondemand
+    _, urls = s3
+    fetched = {}
+    real = ondemand.OnDemand.put
+
+    def put(self, start, data):  # in this process: the driver (the tasks run in Ray's workers)
+        fetched[self.url] = fetched.get(self.url, 0) + len(data)
+        return real(self, start, data)
+    monkeypatch.setattr(ondemand.OnDemand, "put", put)
+    local = compare(*runs["clean"], jobs=1)
+    on_ray = compare(*urls["clean"], ray=True)
+    assert str(on_ray).replace(urls["clean"][0], runs["clean"][0]) == str(local) and on_ray.ok
+    env_dir = runs["clean"][0]
+    total = sum(os.path.getsize(os.path.join(env_dir, n)) for n in os.listdir(env_dir))
+    assert fetched and sum(fetched.values()) <= 0.5 * total, (sum(fetched.values()), total)
+    assert not ondemand.COPIES
+
+
+def test_jobs_sets_the_number_of_ray_tasks(cluster, runs, tasks_seen):
+    env_dir, trainer = runs["faulty"]
+    local = compare(env_dir, trainer, jobs=1)
+    for jobs, tasks in ((1, 1), (3, 3)):
+        tasks_seen.clear()
+        on_ray = compare(env_dir, trainer, ray=True, jobs=jobs)
+        assert str(on_ray) == str(local) and len(tasks_seen) == tasks
+    with pytest.raises(ValueError, match=r"^jobs=0: the number of worker processes must be"):
+        compare(env_dir, trainer, ray=True, jobs=0)
+
+
 def test_the_command_runs_on_the_cluster_this_process_joined(cluster, runs):
     from stepledger.cli.main import main
     import contextlib
