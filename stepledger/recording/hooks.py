@@ -226,11 +226,13 @@ def attend():
         if rec.failing():
             continue  # its write failed: the idle spiller tries again, with a back-off, never a step
         if now >= rec.retry_at and (over or now >= rec.due or (filling and rec.filling())):
-            if not over and rec.can_hand_off():
+            if not over and rec.can_hand_off() and not (filling and rec.nearly_full()):
                 rec.hand_off(now)  # due by time: the spiller writes, the step goes on
                 handed = True
             else:
-                rec.tick(now)  # over the memory limit (memory must come back now), or no spiller thread
+                # over the memory limit (memory must come back now), no spiller thread, or a mapped ring about
+                # to overflow before the spiller thread wrote it (that step waits for the write)
+                rec.tick(now)
     if handed:
         IdleSpiller.wake()
     if core.memory_in_use() > core.memory_limit():

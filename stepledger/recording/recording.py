@@ -168,6 +168,12 @@ class Recording:
         """A mapped ring is half full or more: a spill is wanted before it overflows."""
         return any(len(b) * 2 >= b.map_capacity > 0 for b in self.buffers)
 
+    def nearly_full(self):
+        """A mapped ring is seven eighths full or more: the spill handed to the spiller thread has not kept up
+        (a fast env, and the thread waiting its turn for the interpreter), and the recording thread spills
+        itself rather than let the ring overflow, whose events would then be in memory only."""
+        return any(len(b) * 8 >= b.map_capacity * 7 > 0 for b in self.buffers)
+
     def _unmap(self):
         if self.live is not None:
             for buf in self.buffers:

@@ -138,9 +138,10 @@ def test_a_damaged_mapped_file_never_gives_what_was_not_written(tmp_path_factory
 def test_small_rings_are_spilled_in_the_background_and_lose_nothing(tmp_path):
     """Rings of about 4,000 events (STEPLEDGER_MAPPED_BYTES small) and no periodic spill: a ring half full asks
     for a spill, the spiller thread writes it, the ring is let go of and reused; killed, every event is read.
-    (Rings of 1,024 events lost some at a load of 4 on 2 cores: the half ring left after the request filled
-    before the spiller thread was scheduled. A ring that fills moves its events to memory, kept up to the last
-    spill: docs/ENDINGS.md.)"""
+    On a quiet machine CartPole fills a ring before the spiller thread, waiting its turn for the interpreter
+    after each call that releases it, has written the half asked for: the step that finds the ring seven
+    eighths full spills itself (hooks.attend). Without that, every event past the first ring was lost here,
+    on every run (docs/ENDINGS.md)."""
     killed_run(tmp_path, 6000, **{S.ENV_MAPPED_BYTES: "120000"})
     got, meta = columns(str(tmp_path))
     assert int(np.sum(got["kind"] == S.KIND_STEP)) == 6000
