@@ -16,6 +16,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
@@ -135,4 +136,17 @@ def lazy_face(module: str, names: dict[str, str]) -> tuple[Callable[[str], Any],
 
     def __dir__() -> list[str]:
         return sorted(set(names) | set(vars(sys.modules[module])))
+
+    # A public name that is also its submodule's name (stepledger.rllib.instrument, the function, in
+    # instrument.py): importing that submodule first (``import stepledger.rllib.faults`` imports it) would
+    # have the import system set the package's attribute to the submodule, and ``stepledger.rllib.instrument(
+    # config, path)`` would then fail with "'module' object is not callable". The package keeps the name.
+    shadowed = {name for name, sub in names.items() if name == sub}
+    if shadowed:
+        class _Face(types.ModuleType):
+            def __setattr__(self, name: str, value: Any) -> None:
+                if name in shadowed and isinstance(value, types.ModuleType):
+                    value = getattr(value, name)
+                super().__setattr__(name, value)
+        sys.modules[module].__class__ = _Face
     return __getattr__, __dir__

@@ -159,3 +159,37 @@ def test_no_module_takes_another_modules_private_names():
     taken = [(m, dep, n) for m, edges in _graph().items() for dep, names in edges.items() for n in names
              if n.startswith("_") and not n.startswith("__") and dep != m]
     assert taken == []
+
+
+def test_a_librarys_public_names_stay_themselves_whichever_of_its_modules_is_imported_first():
+    """stepledger.rllib.instrument is a function in instrument.py: ``import stepledger.rllib.faults`` (which imports
+    instrument.py) before it is looked up once had the package's attribute be the module, and
+    ``stepledger.rllib.instrument(config, path)`` raise "'module' object is not callable". Each library's every
+    module imported first, in a fresh interpreter, then each public name looked up."""
+    import subprocess
+    import sys
+    script = r'''
+import importlib, os, sys
+face = importlib.import_module(sys.argv[1])
+names = getattr(face, "_NAMES", {})
+folder = os.path.dirname(face.__file__)
+for f in sorted(os.listdir(folder)):
+    if f.endswith(".py") and f != "__init__.py":
+        try:
+            importlib.import_module(sys.argv[1] + "." + f[:-3])
+        except ImportError:
+            pass  # the library it adapts is not installed here
+bad = []
+for name, sub in names.items():
+    try:
+        want = getattr(importlib.import_module(sys.argv[1] + "." + sub), name)
+    except ImportError:
+        continue
+    if getattr(face, name) is not want:
+        bad.append("%s.%s is %r" % (sys.argv[1], name, getattr(face, name)))
+print("\n".join(bad))
+'''
+    for library in LIBRARY_FOLDERS:
+        face = "stepledger." + library
+        proc = subprocess.run([sys.executable, "-c", script, face], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and not proc.stdout.strip(), (face, proc.stdout, proc.stderr[-2000:])
