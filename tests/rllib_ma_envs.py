@@ -150,8 +150,17 @@ def rps_turns(config=None):
     return PettingZooEnv(OneHot(rps_v2.env(max_cycles=int((config or {}).get("length", 10)))))
 
 
+def openspiel(config=None):
+    """RLlib's OpenSpielEnv over an OpenSpiel game (tic_tac_toe unless ``game``): the players, 0 and 1, move
+    in turn; the game's returns are each player's reward at every step, the winner's 1 at the move that ends
+    it. (An illegal move is replaced by a random legal one, with a penalty: the env's own doing.)"""
+    import pyspiel
+    from ray.rllib.env.wrappers.open_spiel import OpenSpielEnv
+    return OpenSpielEnv(pyspiel.load_game(str((config or {}).get("game", "tic_tac_toe"))))
+
+
 ENVS = {"ma-together": Together, "ma-turns": Turns, "ma-coming-going": ComingGoing,
-        "ma-rps-parallel": rps_parallel, "ma-rps-turns": rps_turns}
+        "ma-rps-parallel": rps_parallel, "ma-rps-turns": rps_turns, "ma-openspiel": openspiel}
 
 
 def shared_module(agent_id, episode, **kwargs):

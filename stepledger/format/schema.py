@@ -129,6 +129,12 @@ META_POSITION = "position"  # env side: its position in the trainer's vector env
 META_SEGMENT = "segment"    # spill segments: the first segment number this file holds
 META_THROUGH = "through"    # merged spill segments: the last segment number it holds
 META_POSSIBLE_AGENTS = "possible_agents"  # the agent of each stream of a multi-agent env ledger
+
+
+def agent_names(agents):
+    """META_POSSIBLE_AGENTS's value for ``agents``: each agent id as a string (RLlib's may be ints: OpenSpielEnv's
+    players are 0 and 1), in their order."""
+    return [str(a) for a in agents]
 META_RECORDED_BY = "recorded_by"  # multi-agent env side: the class that recorded it (LedgerParallelEnv, LedgerAECEnv)
 # trainer side: the wrappers it found between the two ledgers when it was built (stepledger.stack), each
 # {"name": class name, "deliberate": bool, "changes": [fields] or null, "where": "inside" | "around LedgerEnv"}

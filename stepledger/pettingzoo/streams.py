@@ -113,7 +113,7 @@ class AgentLedger(EnvAdapter):
         streams = agent_streams(index, self._agents)
         self._recording = rec = Recording(
             path, "env", [streams[a] for a in self._agents], self._obs_layout, self._act_layout, self._dtype,
-            self._keep_values, {S.META_POSSIBLE_AGENTS: list(self._agents), S.META_RECORDED_BY: owner}, self._interval, owner)
+            self._keep_values, {S.META_POSSIBLE_AGENTS: S.agent_names(self._agents), S.META_RECORDED_BY: owner}, self._interval, owner)
         is_f32 = self._dtype == np.float32
         self._recorders = {
             agent: core.EventRecorder(rec.buffers[k], self._obs_layout, self._act_layout, is_f32,

@@ -101,7 +101,7 @@ def settings_message(reward_dtype, obs_layout, act_layout, agents=None):
     multi-agent env side also names its possible_agents, so that the trainer side names each slot's agent."""
     settings = settings_of(reward_dtype, obs_layout, act_layout)
     if agents:
-        settings[S.META_POSSIBLE_AGENTS] = list(agents)
+        settings[S.META_POSSIBLE_AGENTS] = S.agent_names(agents)
     return json.dumps(settings, sort_keys=True).encode()
 
 

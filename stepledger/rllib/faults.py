@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 PLACES = ("wrapper", "connector")
-CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious")
+# reward:ender (multi-agent): the agent whose move ended the game gets reward 0 at its last step (RLlib PR 31156)
+CONNECTOR_FAULTS = ("obs:f16", "obs:zero", "reward:f16", "reward:zero", "terminated:spurious", "reward:ender")
 
 
 def _faulty_connector_class():
@@ -40,6 +41,7 @@ def _faulty_connector_class():
             # single agent: the env's stream; multi-agent: the agent's (env * n + k), known at its first episode
             self.engine = None if agent is not None else self._engine(self.env_index)
             self._id, self._last_t = None, None
+            self._movers = {}  # multi-agent episode id -> the agents asked to act at its latest step
 
         def _engine(self, stream):
             self.stream = stream
@@ -55,6 +57,10 @@ def _faulty_connector_class():
                     continue
                 ep = episode
                 if self.agent is not None:  # a MultiAgentEpisode: the agent's own episode
+                    if self.settings["fault"] == "reward:ender" and episode.is_done:
+                        pass  # its movers are those of the step before
+                    else:
+                        self._follow_movers(episode)
                     ep = episode.agent_episodes.get(self.agent)
                     if ep is None:
                         continue
@@ -68,7 +74,10 @@ def _faulty_connector_class():
                     continue  # not stepped since the last call
                 self._last_t = ep.t
                 obs, reward = ep.get_observations(-1), ep.get_rewards(-1)
-                new = self.engine.step(self.stream, obs, reward, ep.is_terminated, ep.is_truncated)
+                other = None
+                if self.settings["fault"] == "reward:ender" and ep.is_done and self._moved_last(episode):
+                    other = (obs, 0.0)
+                new = self.engine.step(self.stream, obs, reward, ep.is_terminated, ep.is_truncated, other=other)
                 if new[0] is not obs:
                     ep.set_observations(new_data=new[0], at_indices=-1)
                 if new[1] is not reward:
@@ -76,6 +85,18 @@ def _faulty_connector_class():
                 if new[2] and not ep.is_done:
                     ep.is_terminated = True
             return batch
+
+        def _moved_last(self, episode):
+            """Whether this agent took the multi-agent episode's last move (its move ended the game): it was
+            among the agents the env asked to act, those it gave an observation, at the step before the end."""
+            return self.agent in self._movers.get(episode.id_, ())
+
+        def _follow_movers(self, episode):
+            if not episode.is_done:
+                try:
+                    self._movers = {episode.id_: set(episode.get_observations(-1))}
+                except Exception:  # no observation yet
+                    pass
 
     return FaultyEnvToModule
 

@@ -898,8 +898,13 @@ def test_a_directory_that_cannot_be_written_for_want_of_permission_fails_at_cons
     opened = []  # (directory, its mode) opened for nobody to pass through, restored after
     if os.geteuid() == 0:  # root writes anywhere: try it as nobody, in a directory of root's
         d.chmod(0o755)
-        for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
-            p.chmod(p.stat().st_mode | 0o005)
+        # nobody must pass through every directory above it: pytest's basetemp is root's only (0700), one
+        # level further up under pytest-xdist (popen-gwN)
+        for p in _ancestors(str(tmp_path)):
+            mode = os.stat(p).st_mode
+            if not mode & 0o001:
+                opened.append((p, mode))
+                os.chmod(p, mode | 0o001)
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code]
         # nobody must reach this venv and checkout: a CI clone sits below a mktemp -d only root may enter
         import stepledger

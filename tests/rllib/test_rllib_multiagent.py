@@ -11,6 +11,7 @@ by ray.shutdown() alone) in a Ray session of its own, and check_rllib's multi-ag
 import testpaths  # noqa: F401  (where the suite and the repository are)
 import glob
 import os
+import re
 
 import pytest
 
@@ -38,6 +39,14 @@ CI = {
     "faults": {"env": "ma-together", "modules": "shared", "iterations": 1, "faults": FAULTS},
 }
 LONGER = {
+    # Table I's RLlib row on RLlib's own path: OpenSpiel's tic_tac_toe through RLlib's OpenSpielEnv, the reward of
+    # the player whose move ended the game made 0 in the connector pipeline on its way to the learner (the class
+    # of RLlib PR 31156), and the same game clean. In the long set while a run's end can leave a false "the
+    # trainer stream stops early": a sample cut between two players' turns carries neither player's reset of
+    # the next game to the learner, and instrument's last resets (pending_resets) miss them
+    "openspiel-31156": {"env": "ma-openspiel", "modules": "own", "iterations": 1, "faults": [
+        {"env": 1, "agent": 0, "fault": "reward:ender", "place": "connector", "at": 5}]},
+    "openspiel": {"env": "ma-openspiel", "modules": "own", "iterations": 1},
     # RLlib's PettingZooEnv over rps_v2's AEC env: the players move in turn
     "rps-turns": {"env": "ma-rps-turns", "modules": "shared"},
     # the trainer side on each env runner (on_sample_end)
@@ -155,6 +164,35 @@ def test_each_agents_injected_fault_is_located_at_its_recorded_env_agent_episode
         assert is_located(report.by_env()[stream], injected), (str(report), injected)
     text = str(report)
     assert "env 0, agent agent_1, episode" in text and "env 3, agent agent_0, episode" in text, text
+
+
+# Table I's RLlib row on OpenSpiel: the long set (see LONGER)
+if LONG:
+    def test_rllib_31156_the_enders_reward_made_0_on_its_way_to_the_learner_is_caught_and_located(runs):
+        """OpenSpiel's tic_tac_toe through RLlib's OpenSpielEnv (players 0 and 1 in turn, the winner's reward 1 at the
+        move that ends the game): player 0's reward at a game it ended by winning reaches the learner as 0. compare
+        names env 1's player 0, the episode and step where the injector struck, and the reward, and nothing else."""
+        from stepledger.check import is_located
+        from stepledger.faults import read_record
+        spec, _ = runs["openspiel-31156"]
+        report = compare(spec["path"], spec["path"])
+        injected = read_record(spec["faults"][0]["record"])
+        assert injected is not None and injected["env"] == 1 * 2 + 0 and injected["fault"] == "reward:ender", injected
+        assert [d.env for d in report.differences] == [2], str(report)
+        assert report.differences[0].fields == ("reward",), str(report)
+        assert is_located(report.by_env()[2], injected), (str(report), injected)
+        text = str(report)
+        # the ender's reward: 1 for a win, and -0.1 more where OpenSpielEnv replaced an illegal move of its
+        assert re.search(r"^env 1, agent 0, episode %d, step %d: reward differs \(env gave (?!0\.0,)[-0-9.]+, trainer "
+                         r"received 0\.0\)$" % (injected["episode"], injected["step"]), text, re.M), text
+
+
+    def test_rllib_31156_clean_control_the_same_game_compares_clean(runs):
+        spec, _ = runs["openspiel"]
+        with read(spec["path"]) as ledger:
+            assert sorted(ledger.streams) == list(range(8))  # 4 envs x 2 players
+        report = compare(spec["path"], spec["path"])
+        assert report.ok and sorted(report.envs) == list(range(8)), str(report)
 
 
 @pytest.mark.parametrize("name", ["turns-own", "coming-going-2-learners", "rps-parallel"])

