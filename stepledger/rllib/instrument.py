@@ -247,15 +247,24 @@ def _live_check(settings, env_runner, samples, metrics_logger):
 
 
 def pending_resets(env_runner):
-    """(stream, episode) of the runner's episodes that were reset and have no step yet (of a multi-agent
-    runner: each agent's single-agent episode, with its agent's stream)."""
+    """(stream, episode) of the runner's episodes that were reset and have no step yet. Of a multi-agent
+    runner: each agent's single-agent episode that has its first observation and no step, with its agent's
+    stream, whether or not the env stepped since: in a turn-based env, a sample cut between two players'
+    turns returns neither player's episode (RLlib prunes an agent's episode of no step from the chunk it
+    returns), so the first observations of both come with no chunk at the end of a run."""
     if env_runner.config.in_evaluation:
         return []
     agents = getattr(env_runner, "_stepledger_agents", None)
     out = []
     for ep in getattr(env_runner, "_ongoing_episodes", None) or []:
-        if ep is not None and ep.is_reset and _t_started(ep) == 0 and len(ep) == 0 and TAG in ep.custom_data:
-            out.extend(agent_units(ep, int(ep.custom_data[TAG]), agents))
+        if ep is None or not ep.is_reset or TAG not in ep.custom_data:
+            continue
+        if agents is None:
+            if _t_started(ep) == 0 and len(ep) == 0:
+                out.append((int(ep.custom_data[TAG]), ep))
+            continue
+        out.extend((stream, sa) for stream, sa in agent_units(ep, int(ep.custom_data[TAG]), agents)
+                   if sa.t_started == 0 and len(sa) == 0 and sa.is_reset)
     return out
 
 
@@ -440,12 +449,17 @@ class EpisodeRecorder:
         is not returned (its reset obs starts the next chunk). At the end of a run they would never come.
         ``offsets`` (a learner's) gives each reset's offset in its env's stream."""
         for k, (env, ep) in enumerate(resets):
+            if self.agents is not None and offsets is None and self.reset_of.get(env) == ep.id_:
+                continue  # a chunk brought this agent's reset already
+            if offsets is not None and offsets[k] is None:
+                continue  # the learners were handed it already (EpisodePositions.resets)
             if self.ledger is None:
                 self._open(ep)
             if 0 <= env < self.num_envs:
                 if offsets is not None:
                     self._at(env, offsets[k], 1)
                 self.ledger.env_reset(env, ep.get_observations(0))
+                self.reset_of[env] = ep.id_
                 self.next_t[env] = 0
 
     def flush(self):
@@ -576,9 +590,13 @@ class EpisodePositions:
         return out
 
     def resets(self, resets):
-        """The offsets of the resets (env, episode) that no chunk brought (``pending_resets``)."""
+        """The offsets of the resets (env, episode) that no chunk brought (``pending_resets``); None for one
+        that a chunk brought (an agent's episode handed to the learners with no step yet)."""
         out = []
         for env, ep in resets:
+            if self.agents is not None and ep.id_ in self.base:
+                out.append(None)  # an agent's episode a chunk handed the learners: its reset is there
+                continue
             out.append(self.end.get(env, 0))
             self.end[env] = out[-1] + 1
         return out

@@ -228,7 +228,7 @@ def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indic
     assert not glob.glob(os.path.join(d, "*unindexed*")) and not glob.glob(os.path.join(d, "*.dup-*"))
     assert trainer_streams(os.path.join(d, "trainer.npz")) == [0, 1, 2, 3, 4, 5]
     report = compare(d, os.path.join(d, "trainer.npz"))
-    assert sorted(report.envs) == [0, 1, 2, 3, 4, 5]
+    assert sorted(report.envs) == [0, 1, 2, 3, 4, 5], (str(report), os.listdir(d))
     assert report.ok, str(report)
     assert noted_gone(report.notes, "env-2.npz") and noted_gone(report.notes, "env-3.npz"), report.notes
 
