@@ -159,6 +159,15 @@ class Recording:
         if self.live is not None and self.pid == os.getpid():
             self.live.write_meta(self.meta())
 
+    def began_at(self, when):
+        """The recording began at ``when`` (a time.time()), before this object was made: a recorder set up
+        before its first event, which it needs to open its ledger (stepledger.rllib's trainer side, which
+        learns the spaces from the first episode). Before its first write. compare's check that the two
+        sides' recordings overlap in time (for env ledgers no run id links) goes by it."""
+        if self.n_events() == 0 and when < self.started:
+            self.started = float(when)
+            self._live_meta()
+
     def meta_changed(self):
         """Its meta changed between segments (a trainer's fragments): the mapped part's copy follows, so that
         the events read from it are placed by what the recording knew when it recorded them."""

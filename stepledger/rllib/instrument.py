@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import uuid
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
@@ -372,6 +373,7 @@ class EpisodeRecorder:
         self.beyond = set()  # indices past num_envs: runners recreated more often than indices were kept for
         self.fragments, self.rows, self.end = {}, {}, {}  # a learner's: env -> [(offset, row)], rows, offset past
         self.reset_of = {}  # stream -> the id_ of the episode whose reset it recorded last
+        self.created = time.time()  # set up before the run samples (a learner's: at on_algorithm_init)
 
     def _open(self, episode):
         from stepledger.recording.trainer import TrainerLedger
@@ -379,6 +381,12 @@ class EpisodeRecorder:
                                     reward_dtype=self.reward_dtype, keep_values=self.keep_values,
                                     flush_interval=self.flush_interval, live=self.live, on_fault="warn",
                                     owner="stepledger.rllib")
+        # the trainer side began when it was set up, not at its first episode: the env ledgers carry no run
+        # id, and an env runner killed before the learners' first update (its ledger's last write seconds
+        # before that episode came, on a loaded machine) is still of this run (compare.other_run)
+        recording = getattr(self.ledger, "recording", None)
+        if recording is not None:
+            recording.began_at(self.created)
 
     def record(self, episodes, positions=None):
         """Record episodes (chunks, slices). With ``positions`` (a learner's: ``EpisodePositions.of``), each

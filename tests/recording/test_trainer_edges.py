@@ -11,6 +11,7 @@
 import functools
 import os
 import re
+import time
 import warnings
 
 import gymnasium as gym
@@ -20,7 +21,7 @@ from gymnasium import spaces as gs
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import stepledger
-from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv, read
+from stepledger import BoundaryFault, LedgerEnv, LedgerVectorEnv, TrainerLedger, compare, read
 from stepledger.format import schema as S
 
 from trainer_envs import assert_clean, factories, make_space
@@ -368,3 +369,43 @@ def test_a_final_obs_shorter_than_the_batch_is_recorded_as_missing(tmp_path, cor
             envs.step(envs.action_space.sample())
     envs.close()
     assert_differs(d, trainer, {1: (3, ["h_obs"]), 2: (3, ["h_obs"])})
+
+
+@pytest.mark.parametrize("set_up_first", [True, False])
+def test_a_trainer_side_set_up_before_its_first_event_is_of_the_run_of_an_env_that_ended_before_it(
+        tmp_path, monkeypatch, set_up_first):
+    # stepledger.rllib's trainer side opens its ledger at the first episode a learner is handed (it needs its
+    # spaces), and an env runner killed before that had its ledger's last write earlier: with no run id to link
+    # them, compare goes by the two recordings overlapping in time, so the trainer side began when it was set
+    # up (Recording.began_at). Without it the env ledger reads as another run's (the clock slack made short).
+    import stepledger.report.compare as C
+    from stepledger.format import schema as S
+    monkeypatch.setattr(C, "CLOCK_SLACK", 0.2)
+    set_up = time.time()
+    d = str(tmp_path / "ledgers")
+    env = LedgerEnv(gym.make("CartPole-v1"), d, index=0)
+    obs0, _ = env.reset(seed=1)
+    actions, obs, rewards = [], [], []
+    for t in range(5):
+        o, r, term, trunc, _ = env.step(t % 2)
+        actions.append(t % 2), obs.append(o), rewards.append(r)
+    env.close()
+    time.sleep(0.5)
+    trainer = TrainerLedger(os.path.join(d, "trainer.npz"), 1, env.observation_space, env.action_space)
+    if set_up_first:
+        trainer.recording.began_at(set_up)
+    trainer.env_reset(0, obs0)
+    trainer.env_steps(0, np.array(actions), np.array(obs), np.array(rewards, np.float32), np.zeros(5, bool),
+                      np.zeros(5, bool))
+    trainer.recording.began_at(0.0)  # after its first event: nothing changes
+    trainer.close()
+    with read(os.path.join(d, "trainer.npz")) as t:
+        started = t.meta[S.META_STARTED]
+    assert (abs(started - set_up) < 0.01) == set_up_first, (started, set_up)
+    if set_up_first:
+        report = compare(d, os.path.join(d, "trainer.npz"))
+        assert report.ok and report.envs == [0], str(report)
+    else:
+        from stepledger.errors import LedgerError
+        with pytest.raises(LedgerError, match=r"env-0\.npz is from another run"):
+            compare(d, os.path.join(d, "trainer.npz"))
