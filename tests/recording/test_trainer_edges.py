@@ -379,7 +379,6 @@ def test_a_trainer_side_set_up_before_its_first_event_is_of_the_run_of_an_env_th
     # them, compare goes by the two recordings overlapping in time, so the trainer side began when it was set
     # up (Recording.began_at). Without it the env ledger reads as another run's (the clock slack made short).
     import stepledger.report.compare as C
-    from stepledger.format import schema as S
     monkeypatch.setattr(C, "CLOCK_SLACK", 0.2)
     set_up = time.time()
     d = str(tmp_path / "ledgers")

@@ -275,10 +275,20 @@ if LONG:
             assert re.search(r"%s\s+caught and located" % fault, out), out
 
 
-def _turns(cut_before, steps=7, lookback=1):
-    """Real RLlib MultiAgentEpisodes of a game of players 0 and 1 in turn (player t % 2 moves at env step t, the
-    last step ends the game with no observation), cut before env step ``cut_before`` as the multi-agent env
-    runner cuts a sample (``cut`` with its default lookback, then the chunk's agent episodes of no step pruned).
+def _move(episode, t, steps=7):
+    """Env step ``t`` of a game of players 0 and 1 in turn into a real RLlib MultiAgentEpisode: player t % 2
+    moves, the other observes; the last of ``steps`` ends the game with no observation."""
+    import numpy as np
+    last = t == steps - 1
+    episode.add_env_step(observations={} if last else {1 - t % 2: np.full(1, t + 1.0, np.float32)},
+                         actions={t % 2: t}, rewards={0: 0.0, 1: 0.0}, infos={},
+                         terminateds={0: last, 1: last, "__all__": last},
+                         truncateds={0: False, 1: False, "__all__": False})
+
+
+def _turns(cut_before):
+    """The game of ``_move`` up to env step ``cut_before``, cut there as the multi-agent env runner cuts a
+    sample (``cut`` with its default lookback of 1, then the returned chunk's agent episodes of no step pruned).
     Returns (the chunk returned, the chunk going on)."""
     import gymnasium as gym
     import numpy as np
@@ -289,12 +299,8 @@ def _turns(cut_before, steps=7, lookback=1):
                                                                                   1: gym.spaces.Discrete(9)}))
     ep.add_env_reset(observations={0: np.zeros(1, np.float32)}, infos={})
     for t in range(cut_before):
-        last = t == steps - 1
-        ep.add_env_step(observations={} if last else {1 - t % 2: np.full(1, t + 1.0, np.float32)},
-                        actions={t % 2: t}, rewards={0: 0.0, 1: 0.0}, infos={},
-                        terminateds={0: last, 1: last, "__all__": last},
-                        truncateds={0: False, 1: False, "__all__": False})
-    going_on = ep.cut(len_lookback_buffer=lookback)
+        _move(ep, t)
+    going_on = ep.cut(len_lookback_buffer=1)
     MultiAgentEnvRunner._prune_zero_len_sa_episodes(ep)
     return ep, going_on
 
@@ -324,15 +330,10 @@ def test_rllib_loses_the_last_steps_of_players_waiting_for_their_turn_where_a_sa
     # players' steps where the cut falls between turns (PR 44677 names it): cut before the game's last move (step
     # 6), neither player's last step (the game's outcome) is in any chunk; cut before step 5 (player 1 to move,
     # player 0 waiting), player 1's last step is not. A game of 7 moves gives player 0 four steps, player 1 three.
-    import numpy as np
     for cut_before, lost in ((6, {0: 1, 1: 1}), (5, {0: 0, 1: 1}), (4, {0: 0, 1: 0})):
         returned, going_on = _turns(cut_before)
         for t in range(cut_before, 7):  # the rest of the game, into the chunk going on
-            last = t == 6
-            going_on.add_env_step(observations={} if last else {1 - t % 2: np.full(1, t + 1.0, np.float32)},
-                                  actions={t % 2: t}, rewards={0: 0.0, 1: 0.0}, infos={},
-                                  terminateds={0: last, 1: last, "__all__": last},
-                                  truncateds={0: False, 1: False, "__all__": False})
+            _move(going_on, t)
         steps = {a: sum(len(c.agent_episodes[a]) for c in (returned, going_on) if a in c.agent_episodes)
                  for a in (0, 1)}
         assert steps == {0: 4 - lost[0], 1: 3 - lost[1]}, (cut_before, steps)
