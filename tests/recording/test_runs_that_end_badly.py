@@ -35,6 +35,7 @@ TIMEOUT = 60
 def _env():
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+    env["PYTHONFAULTHANDLER"] = "1"  # a process that hangs can be asked where (_fail_with_stacks)
     return env
 
 
@@ -95,11 +96,26 @@ def run_case(directory, harness, ending):
             H.wait_for(lambda: sum(H.on_disk(os.path.join(directory, "trainer.npz")).values()) == events and
                        sum(H.on_disk(directory).values()) == events, TIMEOUT)
             os.killpg(proc.pid, signal.SIGKILL)  # the trainer and every worker, none of which can act
-        proc.wait(TIMEOUT)
+        try:
+            proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _fail_with_stacks(proc)
         _wait_gone(workers)
         return proc.returncode, workers, ready, proc.stderr.read()
     finally:
         H.reap(proc)
+
+
+def _fail_with_stacks(proc):
+    """The script did not end: every Python process of its group prints where it is (PYTHONFAULTHANDLER, set
+    by _env, makes SIGABRT dump each thread's stack), and the test fails with them and the process list."""
+    listing = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:20,cmd", "-g", str(proc.pid)],
+                             capture_output=True, text=True).stdout
+    os.killpg(proc.pid, signal.SIGABRT)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    pytest.fail("the script did not end within %d s\n%s\n%s" % (TIMEOUT, listing, proc.stderr.read()[-20000:]))
 
 
 @pytest.mark.parametrize("ending", ENDINGS)
