@@ -7,6 +7,7 @@ is worded by ``difference_line`` from the texts of ``event_values``.
 """
 
 import json
+import os
 import re
 import time
 
@@ -708,6 +709,12 @@ def still_open(alive):
 def died_whole(mapped):
     """A recording whose process died (a kill, a crash) and whose mapped part held its last events."""
     return "its process died; every event it recorded is read (%s from its mapped part)" % f"{mapped:,}"
+
+
+def died_before_its_first_event(path, mapped):
+    """A ledger path with no file or segment, only the empty mapped part of a recording whose process died."""
+    return ("%s: nothing was recorded there: its process died before its first event (%s, its mapped part, "
+            "holds none; the next recording at this path removes it)" % (path, os.path.basename(mapped)))
 
 
 def rebooted(events):

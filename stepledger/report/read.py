@@ -493,6 +493,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         names: set[str] = set()
         duplicates: list[str] = []
         unindexed: set[str] = set()
+        died_empty: set[str] = set()  # env ledgers that are only the empty mapped part of a killed recording
         for entry in os.listdir(path):
             m = _ENV_FILE.match(entry)
             if m:
@@ -508,8 +509,10 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 # an env killed before its first spill: its mapped part holds its events (one whose process
                 # still runs is a recording in progress that has written nothing yet: not a ledger so far)
                 name = _MAP_FILE.match(entry).group(1)  # type: ignore[union-attr]
-                if name in names or _live_map(os.path.join(path, name)) is None:
+                if name in names:
                     pass
+                elif _live_map(os.path.join(path, name)) is None:
+                    died_empty.add(name)  # said only if nothing else is there (see below)
                 elif _ENV_FILE.match(name):
                     names.add(name)
                 elif _UNINDEXED_FILE.match(name):
@@ -526,6 +529,8 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 raise LedgerError("%s: no env ledgers with an index (env-N.npz) in this directory, only %s, "
                                   "recorded by LedgerEnvs that had no index at their first event: %s"
                                   % (path, _named(sorted(unindexed)), wording.SET_INDEX_HOW))
+            for name in sorted(died_empty - names):
+                _died_before_its_first_event(os.path.join(path, name))
             raise LedgerError("%s: no env ledgers (env-N.npz) in this directory" % path)
         files: list[LedgerFile] = []
         streams: dict[int, Stream] = {}
@@ -698,6 +703,15 @@ def _live_map(path: str) -> MappedStreams | None:
     return max(found, key=lambda m: (m.meta.get(S.META_STARTED) or 0, m.writer or ""))
 
 
+def _died_before_its_first_event(path: str) -> None:
+    """Where ``path`` has neither file nor segment: the one-line error that says so, if all there is is the
+    empty mapped part of a recording whose process died before its first event (killed after it was set up)."""
+    empty = [m for m in (read_map(p) for p in maps_of(path))
+             if m is not None and not m.n_events() and not m.damaged and not writer_running(m.meta)]
+    if empty:
+        raise LedgerError(wording.died_before_its_first_event(path, empty[-1].path))
+
+
 def _with_map(path: str, files: list[Any], live: MappedStreams | None) -> tuple[list[Any], dict[str, Any]]:
     """``files`` (a final file or segments of one recording), with the mapped part of that recording
     after them: the events its rings hold that the files do not. Also what the reader notes of it
@@ -781,7 +795,10 @@ def _read_file(path: str) -> Ledger:
     try:
         files, partial = _read_one(path)
     except LedgerError:
-        if live is None or os.path.exists(path) or _segments(path):
+        if os.path.exists(path) or _segments(path):
+            raise
+        if live is None:
+            _died_before_its_first_event(path)
             raise
         files, partial = [], True
     files, notes = _with_map(path, files, live)

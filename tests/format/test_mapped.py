@@ -148,3 +148,45 @@ def test_small_rings_are_spilled_in_the_background_and_lose_nothing(tmp_path):
     assert 0 < meta[S.META_MAPPED] <= 4096  # the rest is in segments
     segs = os.listdir(str(tmp_path / "env-0.npz.spill"))
     assert 0 < len(segs) < 40, segs  # a spill a half ring, merged eight at a time: not one an event
+
+
+KILLED_BEFORE_ITS_FIRST_EVENT = r"""
+import os, signal, sys
+import gymnasium as gym
+from stepledger import LedgerEnv
+env = LedgerEnv(gym.make("CartPole-v1"), sys.argv[1], index=1)  # set up, never reset: a worker killed at once
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_recording_killed_before_its_first_event_is_nothing_recorded_said_so_and_cleared_by_the_next(tmp_path):
+    """Its mapped part, made when it was set up, holds no event: the directory reads as without it, the
+    ledger's own path is refused with one line that says why, and the next recording at that path removes
+    the file."""
+    d = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", KILLED_BEFORE_ITS_FIRST_EVENT, d], env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    [left] = maps_of(os.path.join(d, "env-1.npz"))
+    for path in (d, os.path.join(d, "env-1.npz")):
+        with pytest.raises(LedgerError) as raised:
+            read(path)
+        assert str(raised.value) == (
+            "%s: nothing was recorded there: its process died before its first event (%s, its mapped part, "
+            "holds none; the next recording at this path removes it)" % (os.path.join(d, "env-1.npz"),
+                                                                         os.path.basename(left)))
+        cli = subprocess.run([sys.executable, "-m", "stepledger", "show", path], env=_env(), capture_output=True,
+                             text=True, timeout=120)
+        assert cli.returncode == 2 and cli.stderr.strip() == "stepledger: " + str(raised.value), cli.stderr
+    killed_run(d, 30)  # env 0, beside it: the directory is env 0's, and env 1 is not among its streams
+    with read(d) as led:
+        assert sorted(led.streams) == [0]
+    from stepledger import LedgerEnv
+    import gymnasium as gym
+    env = LedgerEnv(gym.make("CartPole-v1"), d, index=1)
+    env.reset(seed=0)
+    env.step(0)
+    env.close()
+    assert maps_of(os.path.join(d, "env-1.npz")) == []
+    with read(os.path.join(d, "env-1.npz")) as led:
+        assert len(led.streams[1]) == 2
