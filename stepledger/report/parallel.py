@@ -111,11 +111,19 @@ def compare_envs(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta
     """``fn(w, count_all, meta)`` for every ``w`` of ``work``, in order, run as ``jobs`` and ``ray`` say
     (see the module's docstring). ``ledgers`` are the two sides read: a URL's local copy is named by its
     URL for Ray tasks."""
-    if _mapped(work):
+    mapped = [k for k, w in enumerate(work) if _mapped(w)]
+    if mapped:
         # a stream read in part from a mapped part (a killed process's events, read/_MapPart) is in this
-        # process's memory only: no other process can open it by name, so all envs are compared here (a
-        # forked worker would have it, but a run's compare should not depend on the start method)
-        return _here(fn, work, count_all, meta, progress)
+        # process's memory only: no other process can open it by name, so those envs are compared here (a
+        # forked worker would have them, but a run's compare should not depend on the start method), and the
+        # others as the rest of this function says; their outcomes go back in order
+        rest = [k for k, w in enumerate(work) if not _mapped(w)]
+        total = len(work)
+        outs = dict(zip(rest, compare_envs(fn, [work[k] for k in rest], count_all, meta, jobs, ray,
+                                           _shifted(progress, 0, total), ledgers) if rest else []))
+        outs.update(zip(mapped, _here(fn, [work[k] for k in mapped], count_all, meta,
+                                      _shifted(progress, len(rest), total))))
+        return [outs[k] for k in range(total)]
     if on_ray(ray):
         return _on_ray(fn, work, count_all, meta, ray, jobs, progress, ledgers)
     workers = min(check_jobs(jobs), max(1, sum(_events(w) for w in work) // MIN_EVENTS_A_WORKER),
@@ -125,10 +133,18 @@ def compare_envs(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta
     return _in_processes(fn, work, count_all, meta, workers, progress)
 
 
-def _mapped(work: Sequence[EnvWork]) -> bool:
-    """Whether a stream of ``work`` holds events read from a mapped part rather than a ledger file."""
-    return any(not isinstance(p.lf, LedgerFile) for w in work for s in (w.env_stream, w.trainer_stream)
-               if s is not None for p in s.pieces)
+def _mapped(w: EnvWork) -> bool:
+    """Whether a stream of ``w`` holds events read from a mapped part rather than a ledger file."""
+    return any(not isinstance(p.lf, LedgerFile) for s in (w.env_stream, w.trainer_stream) if s is not None
+               for p in s.pieces)
+
+
+def _shifted(progress: Callable[[int, int], Any] | None, before: int,
+             total: int) -> Callable[[int, int], Any] | None:
+    """``progress`` of a part of the envs, ``before`` of the ``total`` done ahead of it."""
+    if progress is None:
+        return None
+    return lambda done, _of: progress(before + done, total)
 
 
 def _here(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta: Meta,

@@ -126,6 +126,50 @@ def test_the_command_prints_the_same_bytes_and_exits_alike_with_jobs(runs, which
     assert "envs differ" in texts[0] and '"envs": [' in texts[1]
 
 
+_ONE_ENV_KILLED = r"""
+import os, signal, sys
+import gymnasium as gym, numpy as np
+from stepledger import LedgerEnv, LedgerVectorEnv
+d = sys.argv[1]
+envs = LedgerVectorEnv(gym.vector.SyncVectorEnv([lambda i=i: LedgerEnv(gym.make("CartPole-v1"), d, index=i,
+                                                                       flush_interval=1000) for i in range(4)]),
+                       os.path.join(d, "trainer.npz"))
+envs.reset(seed=0)
+rng = np.random.default_rng(0)
+for _ in range(300):
+    envs.step(rng.integers(0, 2, 4))
+envs.ledger.close()  # the trainer file
+for i in (0, 1, 3):
+    envs.env.envs[i].close()
+os.kill(os.getpid(), signal.SIGKILL)  # env 2's recording dies with the process, never spilled
+"""
+
+
+def test_an_env_read_from_its_mapped_part_is_compared_here_and_the_others_by_workers(tmp_path, workers_used,
+                                                                                     monkeypatch):
+    d = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", _ONE_ENV_KILLED, d], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert not os.path.exists(os.path.join(d, "env-2.npz")) and os.path.exists(os.path.join(d, "env-3.npz"))
+    here = []
+    real_here = parallel._here
+    monkeypatch.setattr(parallel, "_here", lambda fn, work, *a: here.append([w.env for w in work]) or
+                        real_here(fn, work, *a))
+    one = compare(d, os.path.join(d, "trainer.npz"), jobs=1)
+    assert one.ok and sorted(one.envs) == [0, 1, 2, 3], str(one)
+    assert any(n.endswith("env-2.npz its process died; every event it recorded is read (301 from its mapped part)")
+               for n in one.notes), one.notes
+    assert workers_used == [] and here == [[0, 1, 3], [2]]  # all in this process
+    del here[:]
+    progress = []
+    many = compare(d, os.path.join(d, "trainer.npz"), jobs=2, progress=lambda done, total: progress.append(
+        (done, total)))
+    assert_same_report(many, one)
+    assert workers_used == [2] and here == [[2]]  # env 2 here, envs 0, 1 and 3 in two workers
+    assert {total for _, total in progress} == {4} and progress[-1] == (4, 4)
+
+
 def test_a_small_compare_runs_in_this_process(runs, monkeypatch):
     calls = []
     monkeypatch.setattr(parallel, "_in_processes", lambda *a: calls.append(a))
