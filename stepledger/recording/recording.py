@@ -237,7 +237,8 @@ class Recording:
     # ------------------------------------------------------------ what the wrappers tell it
 
     def link(self, run, position):
-        """The trainer side's run id and this env's position in its vector env (env side)."""
+        """The trainer side's run id and this env's position in its vector env (env side); on the trainer
+        side, a run id a library's set-up gives every ledger of its run (stepledger.rllib's), position None."""
         self.run = None if run is None else str(run)
         self.position = None if position is None else int(position)
         self._live_meta()

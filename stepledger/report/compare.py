@@ -845,24 +845,30 @@ def _span(meta: Meta) -> tuple[float, float] | None:
 def this_run(named: list[tuple[str, Ledger]]) -> tuple[list[tuple[str, Ledger]], list[str]]:
     """The trainer ledgers of the run that began last, and lines for those of earlier runs.
 
-    Each learner's file is a recording of its own (its own run id), so the files
-    of one run are told by their times: recordings that overlap (within
-    CLOCK_SLACK) are of one run. A file of an earlier run left in the directory
-    (a run with more learners, before) is passed over with a line.
+    Files that carry one run id are of one run (stepledger.rllib gives each of its
+    learners' files its run's). Otherwise a file is a recording of its own (its own
+    run id), and the files of one run are told by their times: recordings that
+    overlap (within CLOCK_SLACK) are of one run. A file of an earlier run left in
+    the directory (a run with more learners, before) is passed over with a line.
     """
     found = [_span(led.meta) for _, led in named]
     if len(named) == 1 or any(sp is None for sp in found):
         return named, []
     spans = [sp for sp in found if sp is not None]  # every one, as just checked
-    order = sorted(range(len(named)), key=lambda k: spans[k][0])
+    units: dict[Any, list[int]] = {}  # the files of each run id
+    for k, (_, led) in enumerate(named):
+        units.setdefault(led.meta.get(S.META_RUN) or ("no run id", k), []).append(k)
+    members = list(units.values())
+    unit_spans = [(min(spans[k][0] for k in m), max(spans[k][1] for k in m)) for m in members]
     groups: list[list[int]] = []
     end: float | None = None
-    for k in order:
-        if end is None or spans[k][0] > end + CLOCK_SLACK:
+    for u in sorted(range(len(members)), key=lambda u: unit_spans[u][0]):
+        if end is None or unit_spans[u][0] > end + CLOCK_SLACK:
             groups.append([])
-            end = spans[k][1]
-        groups[-1].append(k)
-        end = max(end, spans[k][1])
+            end = unit_spans[u][1]
+        groups[-1].extend(members[u])
+        end = max(end, unit_spans[u][1])
+    groups = [sorted(g, key=lambda k: spans[k][0]) for g in groups]
     current = groups[-1]
     lines = [wording.earlier_trainer_run(named[k][0], wording.when(spans[k][1]), wording.when(spans[current[0]][0]),
                                          named[current[0]][0]) for g in groups[:-1] for k in g]

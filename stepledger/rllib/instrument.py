@@ -188,8 +188,11 @@ def _index_env(run, env_runner, env, **_):
         allocator = ray.get_actor(ALLOCATOR % run)
         base = ray.get(allocator.take.remote(n))
     env_runner._stepledger_base = base
+    # each env ledger is told the run (the trainer files carry it too: EpisodeRecorder's run), so that compare
+    # pairs them by it, not by their recordings overlapping in time (compare.other_run)
     if hasattr(env, "set_attr"):
         env.set_attr("stepledger_index", [base + j for j in range(n)])
+        env.set_attr(S.LINK_ATTR, [(run, base + j) for j in range(n)])
         return
     # a multi-agent runner's vector env (RLlib's SyncVectorMultiAgentEnv): each sub-env's LedgerMultiAgentEnv
     from stepledger.rllib.multiagent import ledger_of
@@ -197,6 +200,7 @@ def _index_env(run, env_runner, env, **_):
         ledger = ledger_of(sub)
         if ledger is not None:
             ledger.set_index(base + j)
+            ledger.link(run)
             env_runner._stepledger_agents = ledger.stream_agents
     if getattr(env_runner, "_stepledger_agents", None) is not None:
         # RLlib's own per-episode metrics, as it logs them: stepledger episodes checks them (rllib/episodes.py)
@@ -299,7 +303,7 @@ def _runner_recorder(settings, env_runner):
         recorder = EpisodeRecorder(path, (base + int(env_runner.num_envs)) * (len(agents) if agents else 1),
                                    env_runner.config, agents=agents,
                                    reward_dtype=settings["reward_dtype"], keep_values=settings["keep_values"],
-                                   flush_interval=settings["flush_interval"])
+                                   flush_interval=settings["flush_interval"], run=settings["run"])
         env_runner._stepledger_recorder = recorder
         stop = env_runner.stop
 
@@ -362,8 +366,9 @@ class EpisodeRecorder:
     """
 
     def __init__(self, path, num_envs, config, reward_dtype=np.float32, keep_values=False, flush_interval=None,
-                 agents=None, live=False):
+                 agents=None, live=False, run=None):
         self.path, self.num_envs, self.config = path, int(num_envs), config
+        self.run = run  # instrument's run id, which each env ledger of the run is told too (_index_env)
         self.agents = agents  # a multi-agent run's possible agents: agent k of env e is stream e * n + k
         self.reward_dtype, self.keep_values, self.flush_interval = reward_dtype, keep_values, flush_interval
         self.live = live  # check each event against the live token in its info (path None: the check alone)
@@ -381,12 +386,15 @@ class EpisodeRecorder:
                                     reward_dtype=self.reward_dtype, keep_values=self.keep_values,
                                     flush_interval=self.flush_interval, live=self.live, on_fault="warn",
                                     owner="stepledger.rllib")
-        # the trainer side began when it was set up, not at its first episode: the env ledgers carry no run
-        # id, and an env runner killed before the learners' first update (its ledger's last write seconds
-        # before that episode came, on a loaded machine) is still of this run (compare.other_run)
+        # the trainer side began when it was set up, not at its first episode: an env ledger that carries no
+        # run id (one of an older stepledger, or told none) goes by the times, and an env runner killed before
+        # the learners' first update (its ledger's last write seconds before that episode came, on a loaded
+        # machine) is still of this run (compare.other_run)
         recording = getattr(self.ledger, "recording", None)
         if recording is not None:
             recording.began_at(self.created)
+            if self.run is not None:
+                recording.link(self.run, None)
 
     def record(self, episodes, positions=None):
         """Record episodes (chunks, slices). With ``positions`` (a learner's: ``EpisodePositions.of``), each
@@ -518,7 +526,7 @@ def _hook_algorithm(settings, algorithm, **_):
                                        path=storage.join(settings["path"], name), num_envs=total,
                                        options=dict(reward_dtype=settings["reward_dtype"], agents=agents,
                                                     keep_values=settings["keep_values"],
-                                                    flush_interval=settings["flush_interval"])):
+                                                    flush_interval=settings["flush_interval"], run=settings["run"])):
             if not r.ok:  # RLlib returns a learner's error instead of raising it
                 raise r.get()
             if r.get() is False:

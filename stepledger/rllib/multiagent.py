@@ -130,6 +130,13 @@ class LedgerMultiAgentEnv(MultiAgentEnv):
         """The sub-env's global index: its file is ``env-{index}.npz``, agent k's stream ``index * n + k``."""
         self._led.set_index(index)
 
+    def link(self, run: str) -> None:
+        """The run this sub-env's ledger belongs to (instrument's run id, which the trainer files carry too),
+        once indexed: compare pairs the two by it."""
+        recording = self._led._recording
+        if recording is not None:
+            recording.link(run, None)
+
     @property
     def stream_agents(self) -> list[Any]:
         """The agents in the order of their streams: agent k of env e is stream e * n + k."""

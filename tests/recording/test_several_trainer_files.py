@@ -255,6 +255,30 @@ def test_a_trainer_file_of_an_earlier_run_left_in_the_directory(tmp_path):
     assert [x.env for x in report.differences] == [2] and report.notes == [], str(report)
 
 
+def test_trainer_files_that_carry_one_run_id_are_one_run_whatever_their_times(tmp_path):
+    # stepledger.rllib gives each learner's file and each env ledger its run's id: a learner whose file was
+    # last written long before the other began (it trained on the first iteration only) is of the run
+    d = str(tmp_path / "ledger")
+    os.makedirs(d)
+
+    def linked(name, side, streams):
+        rec = ledger(os.path.join(d, name), side, streams, close=False)
+        rec.link("0123456789abcdef", None if side == "trainer" else min(streams))
+        rec.close()
+
+    for e in (2, 3):
+        linked("env-%d.npz" % e, "env", {e: events(e)})
+    linked("trainer-1.npz", "trainer", {2: events(2), 3: events(3)})
+    time.sleep(CLOCK_SLACK + 0.3)
+    for e in (0, 1):
+        linked("env-%d.npz" % e, "env", {e: events(e)})
+    linked("trainer-0.npz", "trainer", {0: events(0), 1: events(1)})
+    for spec in (d, os.path.join(d, "trainer-*.npz")):
+        report = compare(d, spec)
+        assert report.ok and report.envs == [0, 1, 2, 3] and report.notes == [], str(report)
+        assert report.to_dict()["trainer_files"] == ["trainer-0.npz", "trainer-1.npz"]
+
+
 def test_compare_while_the_learners_write(tmp_path):
     """Two learners still recording (a flush each): in progress, not a difference."""
     d = str(tmp_path / "ledger")

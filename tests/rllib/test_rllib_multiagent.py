@@ -20,7 +20,7 @@ pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/
 
 from stepledger import compare, read  # noqa: E402
 from stepledger.format import schema as S  # noqa: E402
-from rllib.test_rllib import env_indices, noted_gone, run, trainer_files  # noqa: E402
+from rllib.test_rllib import env_indices, linked_by_run, noted_gone, run, trainer_files  # noqa: E402
 
 LONG = os.environ.get("STEPLEDGER_RLLIB_LONG") == "1"
 
@@ -98,7 +98,7 @@ def agent_steps(path, files):
 
 
 @pytest.mark.parametrize("name", CLEAN)
-def test_a_clean_multi_agent_run_has_a_stream_per_agent_of_each_sub_env_and_compares_clean(runs, name):
+def test_a_clean_multi_agent_run_has_a_stream_per_agent_of_each_sub_env_and_compares_clean(runs, name, monkeypatch):
     spec, out = runs[name]
     d = spec["path"]
     assert env_indices(d) == [0, 1, 2, 3]
@@ -107,7 +107,7 @@ def test_a_clean_multi_agent_run_has_a_stream_per_agent_of_each_sub_env_and_comp
         assert sorted(ledger.streams) == list(range(4 * n))  # agent k of env e: stream e * n + k
         agents = {tuple(s.meta[S.META_POSSIBLE_AGENTS]) for s in ledger.streams.values()}
     assert len(agents) == 1 and len(next(iter(agents))) == n, agents
-    report = compare(d, d)
+    report = linked_by_run(d, d, monkeypatch)
     assert report.ok, str(report)
     assert sorted(report.envs) == list(range(4 * n))
     files = trainer_files(d)
