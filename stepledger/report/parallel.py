@@ -111,13 +111,14 @@ def compare_envs(fn: EnvFunction, work: Sequence[EnvWork], count_all: bool, meta
     """``fn(w, count_all, meta)`` for every ``w`` of ``work``, in order, run as ``jobs`` and ``ray`` say
     (see the module's docstring). ``ledgers`` are the two sides read: a URL's local copy is named by its
     URL for Ray tasks."""
-    mapped = [k for k, w in enumerate(work) if _mapped(w)]
-    if mapped:
+    in_map = [_mapped(w) for w in work]
+    if any(in_map):
         # a stream read in part from a mapped part (a killed process's events, read/_MapPart) is in this
         # process's memory only: no other process can open it by name, so those envs are compared here (a
         # forked worker would have them, but a run's compare should not depend on the start method), and the
         # others as the rest of this function says; their outcomes go back in order
-        rest = [k for k, w in enumerate(work) if not _mapped(w)]
+        mapped = [k for k, m in enumerate(in_map) if m]
+        rest = [k for k, m in enumerate(in_map) if not m]
         total = len(work)
         outs = dict(zip(rest, compare_envs(fn, [work[k] for k in rest], count_all, meta, jobs, ray,
                                            _shifted(progress, 0, total), ledgers) if rest else []))

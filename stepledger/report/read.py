@@ -493,7 +493,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
         names: set[str] = set()
         duplicates: list[str] = []
         unindexed: set[str] = set()
-        died_empty: set[str] = set()  # env ledgers that are only the empty mapped part of a killed recording
+        died_empty: set[str] = set()  # mapped parts with nothing to read (said if nothing else is there)
         for entry in os.listdir(path):
             m = _ENV_FILE.match(entry)
             if m:
@@ -512,7 +512,7 @@ def read_ledger(path: LedgerPath, accept: Accept | None = None, unread: list[tup
                 if name in names:
                     pass
                 elif _live_map(os.path.join(path, name)) is None:
-                    died_empty.add(name)  # said only if nothing else is there (see below)
+                    died_empty.add(name)
                 elif _ENV_FILE.match(name):
                     names.add(name)
                 elif _UNINDEXED_FILE.match(name):
@@ -696,18 +696,21 @@ def _live_map(path: str) -> MappedStreams | None:
     """The mapped part at ``path`` of the recording that began last and has events, else None. A recording
     whose process still runs is in progress: it is read from its files, as a recording without a mapped part
     is (format/mapped.writer_running)."""
-    found = [m for m in (read_map(p) for p in maps_of(path)) if m is not None]
-    found = [m for m in found if (m.n_events() or m.damaged) and not writer_running(m.meta)]
+    found = [m for m in _dead_maps(path) if m.n_events() or m.damaged]
     if not found:
         return None
     return max(found, key=lambda m: (m.meta.get(S.META_STARTED) or 0, m.writer or ""))
 
 
+def _dead_maps(path: str) -> list[MappedStreams]:
+    """The mapped parts at ``path`` whose writer's process is gone."""
+    return [m for m in (read_map(p) for p in maps_of(path)) if m is not None and not writer_running(m.meta)]
+
+
 def _died_before_its_first_event(path: str) -> None:
     """Where ``path`` has neither file nor segment: the one-line error that says so, if all there is is the
     empty mapped part of a recording whose process died before its first event (killed after it was set up)."""
-    empty = [m for m in (read_map(p) for p in maps_of(path))
-             if m is not None and not m.n_events() and not m.damaged and not writer_running(m.meta)]
+    empty = [m for m in _dead_maps(path) if not m.n_events() and not m.damaged]
     if empty:
         raise LedgerError(wording.died_before_its_first_event(path, empty[-1].path))
 
