@@ -706,9 +706,13 @@ def still_open(alive):
     return "not closed (its process is gone)" if alive is False else "not closed"
 
 
-def died_whole(mapped):
-    """A recording whose process died (a kill, a crash) and whose mapped part held its last events."""
-    return "its process died; every event it recorded is read (%s from its mapped part)" % f"{mapped:,}"
+def died_whole(mapped, kept_values=False):
+    """A recording whose process died (a kill, a crash) and whose mapped part held its last events; with
+    ``kept_values`` (keep_values=True), the values of those events, which a mapped part does not hold."""
+    line = "its process died; every event it recorded is read (%s from its mapped part)" % f"{mapped:,}"
+    if kept_values:
+        line += "; their kept values are not (a mapped part holds digests only: values up to its last spill)"
+    return line
 
 
 def died_before_its_first_event(path, mapped):

@@ -54,7 +54,7 @@ def make_segv_env(index, directory, at):
     env = gym.make("CartPole-v1")
     if index == 1:
         env = SegfaultAt(env, at)
-    return LedgerEnv(env, directory, index=index, flush_interval=H.FLUSH_INTERVAL)
+    return LedgerEnv(env, directory, index=index, flush_interval=H.FLUSH_INTERVAL, keep_values=H.KEEP_VALUES)
 
 
 def main(harness, mode, directory, steps):
@@ -91,6 +91,12 @@ def streams(path):
         return {i: {k: np.asarray(v) for k, v in s.columns.items()} for i, s in led.streams.items()}, dict(led.meta)
 
 
+def kept_values(path):
+    """{env index: {member: array}} of the kept values (keep_values=True) the ledger at ``path`` holds."""
+    with read(path) as led:
+        return {i: {k: np.asarray(v) for k, v in s.values.items()} for i, s in led.streams.items()}
+
+
 def check_prefix(got, reference, known):
     """Events lost (those known recorded and not read back) per stream, after asserting that what was read
     is the reference's first events, nothing else (no event of another, no half-written one)."""
@@ -111,17 +117,19 @@ def check_prefix(got, reference, known):
 
 # ---------------------------------------------------------------- the killing side
 
-def _env(flush):
+def _env(flush, keep_values=False):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_") or k == "STEPLEDGER_MAPPED_BYTES"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
-    env["CRASH_FLUSH"] = str(flush)
+    # the interval itself, not this process's ENDING_HARNESS_FLUSH (importing this module set it to the default)
+    env["CRASH_FLUSH"] = env["ENDING_HARNESS_FLUSH"] = str(flush)
+    env["ENDING_HARNESS_KEEP_VALUES"] = "1" if keep_values else "0"
     return env
 
 
-def start(harness, mode, directory, steps, flush=0.05):
+def start(harness, mode, directory, steps, flush=0.05, keep_values=False):
     script = "import crash_harness as K; K.main(%r, %r, %r, %d)" % (harness, mode, directory, steps)
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(flush), start_new_session=True)
+                            text=True, env=_env(flush, keep_values), start_new_session=True)
 
 
 def finish(proc, timeout=TIMEOUT):

@@ -34,6 +34,7 @@ from stepledger import LedgerEnv, LedgerError, LedgerVectorEnv, read
 
 N_ENVS = 2
 FLUSH_INTERVAL = float(os.environ.get("ENDING_HARNESS_FLUSH", "0.3"))  # crash_harness.py spills more often
+KEEP_VALUES = os.environ.get("ENDING_HARNESS_KEEP_VALUES") == "1"  # keep_values=True on both sides
 
 
 def on_disk(path):
@@ -78,7 +79,8 @@ def reap(proc):
 
 
 def make_env(index, directory):
-    return LedgerEnv(gym.make("CartPole-v1"), directory, index=index, flush_interval=FLUSH_INTERVAL)
+    return LedgerEnv(gym.make("CartPole-v1"), directory, index=index, flush_interval=FLUSH_INTERVAL,
+                     keep_values=KEEP_VALUES)
 
 
 def build(harness, directory, make=None):
@@ -88,9 +90,10 @@ def build(harness, directory, make=None):
     if harness.startswith("async-"):
         venv = gym.vector.AsyncVectorEnv(fns, context=harness.split("-", 1)[1])
         pids = [p.pid for p in venv.processes]
-        return LedgerVectorEnv(venv, trainer, flush_interval=FLUSH_INTERVAL), pids, "gym"
+        return LedgerVectorEnv(venv, trainer, flush_interval=FLUSH_INTERVAL, keep_values=KEEP_VALUES), pids, "gym"
     if harness == "sync":
-        return LedgerVectorEnv(gym.vector.SyncVectorEnv(fns), trainer, flush_interval=FLUSH_INTERVAL), [], "gym"
+        return LedgerVectorEnv(gym.vector.SyncVectorEnv(fns), trainer, flush_interval=FLUSH_INTERVAL,
+                               keep_values=KEEP_VALUES), [], "gym"
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     from stepledger.sb3 import LedgerVecEnv
@@ -100,7 +103,7 @@ def build(harness, directory, make=None):
     else:
         venv = DummyVecEnv(fns)
         pids = []
-    return LedgerVecEnv(venv, trainer, flush_interval=FLUSH_INTERVAL), pids, "sb3"
+    return LedgerVecEnv(venv, trainer, flush_interval=FLUSH_INTERVAL, keep_values=KEEP_VALUES), pids, "sb3"
 
 
 def main(harness, ending, directory, steps=400):

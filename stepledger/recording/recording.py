@@ -138,9 +138,8 @@ class Recording:
     def _map(self):
         """Keep the buffers' events in a file mapped shared, on local disk (format/mapped.py), so that
         whatever kills the process they reach the file. Without room for it, or at a URL, or with
-        ``STEPLEDGER_MAPPED_BYTES=0``, in memory as before."""
-        if self.keep_values:
-            return
+        ``STEPLEDGER_MAPPED_BYTES=0``, in memory as before. Kept values are not mapped: after a kill the
+        events of the mapped part are read without them (compare shows their digests)."""
         nbytes = mapped_bytes()
         if nbytes <= 0:
             return

@@ -300,7 +300,7 @@ def how_it_ended(meta: Meta, trainers: Sequence[Meta] = ()) -> str | None:
     if state == S.STATE_OPEN:
         alive = _writer_alive(meta)
         if alive is False and meta.get(S.META_MAPPED):
-            return wording.died_whole(meta[S.META_MAPPED])
+            return wording.died_whole(meta[S.META_MAPPED], bool(meta.get(S.META_KEEP_VALUES)))
         return wording.still_open(alive)
     if state == S.STATE_SIGNAL:
         for trainer in trainers:
@@ -414,7 +414,9 @@ def compare_env(work: EnvWork, count_all: bool, meta: Meta) -> EnvOutcome:
         assert position is not None  # the first difference's position: _compare_stream gives it
         d = _difference_at(e, es, ts, first, position, meta)
         d.untold = _untold_end(es, ts, first)
-        hint = any(f in ("obs", "action") and f not in d.env_values for f in d.fields)
+        # values not shown: the hint to keep them, unless both sides did (read from a mapped part: said in a note)
+        hint = any(f in ("obs", "action") and f not in d.env_values for f in d.fields) and not (
+            es.meta.get(S.META_KEEP_VALUES) and ts.meta.get(S.META_KEEP_VALUES))
     elif len(es) != len(ts):
         if not (_closed(es.meta) and _closed(ts.meta)):
             # the run ended badly: not a boundary fault

@@ -134,7 +134,8 @@ class Stream:
 
     @property
     def values(self) -> dict[str, np.ndarray]:
-        """Kept values by member name (``values_obs_0``...), if the side kept them."""
+        """Kept values by member name (``values_obs_0``...), if the side kept them: those of the events its
+        files hold, the first ones (a mapped part holds events only: docs/ENDINGS.md)."""
         out: dict[str, list[np.ndarray]] = {}
         for p in self.pieces:
             for name in p.lf.members:
@@ -153,6 +154,8 @@ class Stream:
         for p in self.pieces:
             n = p.stop - p.start
             if index < n:
+                if isinstance(p.lf, _MapPart):
+                    return None  # read from a mapped part, which holds events, not their kept values
                 row = p.start + index
                 encoded = encoded_value(p.lf, field, row)
                 if encoded is not None:

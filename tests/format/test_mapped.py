@@ -190,3 +190,46 @@ def test_a_recording_killed_before_its_first_event_is_nothing_recorded_said_so_a
     assert maps_of(os.path.join(d, "env-1.npz")) == []
     with read(os.path.join(d, "env-1.npz")) as led:
         assert len(led.streams[1]) == 2
+
+
+KEPT_VALUES_FAULT = r"""
+import os, signal, sys
+import gymnasium as gym, numpy as np
+from stepledger import LedgerEnv, LedgerVectorEnv
+from stepledger.gymnasium.faults import FaultyEnv
+d, fault_at = sys.argv[1], int(sys.argv[2])
+env_side = LedgerEnv(gym.make("CartPole-v1"), d, index=0, keep_values=True, flush_interval=1000)
+make = lambda: FaultyEnv(env_side, "obs:f16", index=0, at=fault_at)
+envs = LedgerVectorEnv(gym.vector.SyncVectorEnv([make]), os.path.join(d, "trainer.npz"), keep_values=True,
+                       flush_interval=1000)
+envs.reset(seed=0)
+rng = np.random.default_rng(0)
+for t in range(300):
+    envs.step(rng.integers(0, 2, size=1))
+    if t + 1 == 100:
+        envs.flush(), env_side.flush()  # both sides: a spill segment, with the kept values of the first 100 steps
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("fault_at", [40, 200])
+def test_kept_values_of_a_killed_run_up_to_its_last_spill_and_the_digests_after(tmp_path, fault_at):
+    """keep_values=True on both sides and a float16 observation between them, the run killed: the difference is
+    found either way; before the last spill compare shows both values, after it (the events of the mapped parts,
+    which hold no values) the digests, and says why."""
+    d = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", KEPT_VALUES_FAULT, d, str(fault_at)], env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    from stepledger import compare
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    (diff,) = report.differences
+    shown = str(report)
+    assert tuple(diff.fields) == ("obs",) and diff.env == 0, shown
+    if fault_at < 100:  # the values themselves, and the element that differs
+        assert set(diff.env_values) == set(diff.trainer_values) == {"obs"} and diff.detail.get("obs"), shown
+    else:  # no values to show, and no advice to keep them: they were
+        assert not diff.env_values and not diff.trainer_values and not report.values_hint, shown
+    assert report.values_hint is False and "hint: record with keep_values" not in shown, shown
+    notes = [n for n in report.notes if "from its mapped part" in n]
+    assert len(notes) == 2 and all("their kept values are not" in n for n in notes), report.notes

@@ -29,20 +29,24 @@ REFERENCE_STEPS = 2500
 _REFERENCES = {}
 
 
-def reference(harness, tmp_path_factory):
-    """Both sides' streams of the script run to its end, once per harness."""
-    if harness not in _REFERENCES:
+def reference(harness, tmp_path_factory, keep_values=False):
+    """Both sides' streams of the script run to its end, once per harness (with keep_values: and their kept
+    values, {side: {env: {member: array}}})."""
+    key = harness, keep_values
+    if key not in _REFERENCES:
         d = str(tmp_path_factory.mktemp("reference-" + harness))
-        lines, err = K.finish(K.start(harness, "reference", d, REFERENCE_STEPS))
+        lines, err = K.finish(K.start(harness, "reference", d, REFERENCE_STEPS, keep_values=keep_values))
         assert lines and lines[-1].startswith("done"), err[-3000:]
         env, _ = K.streams(d)
         trainer, _ = K.streams(os.path.join(d, "trainer.npz"))
-        _REFERENCES[harness] = env, trainer
-    return _REFERENCES[harness]
+        _REFERENCES[key] = env, trainer
+        if keep_values:
+            _REFERENCES[key] += ({"env": K.kept_values(d), "trainer": K.kept_values(os.path.join(d, "trainer.npz"))},)
+    return _REFERENCES[key]
 
 
 def check(directory, harness, known, tmp_path_factory, monkeypatch=None):
-    ref_env, ref_trainer = reference(harness, tmp_path_factory)
+    ref_env, ref_trainer = reference(harness, tmp_path_factory)[:2]
     env, env_meta = K.streams(directory)
     trainer, _ = K.streams(os.path.join(directory, "trainer.npz"))
     lost = K.check_prefix(env, ref_env, known)
@@ -80,7 +84,46 @@ def test_sigkill_loses_nothing(tmp_path, tmp_path_factory, harness, when):
     rest, err = K.finish(proc)
     known = K.known_counts(lines + rest)
     assert known, err[-3000:]
+    if when == "step-no-spill":
+        assert not _segments(d), _segments(d)  # every event read is from a mapped part
     check(d, harness, known, tmp_path_factory)
+
+
+def _segments(directory):
+    return sorted(os.path.relpath(os.path.join(root, name), directory) for root, _, names in os.walk(directory)
+                  for name in names if name.startswith("seg-"))
+
+
+@pytest.mark.parametrize("harness", ["async-fork", "subproc", "sync"])
+@pytest.mark.parametrize("when", ["step", "step-no-spill"])
+def test_sigkill_with_kept_values_loses_no_event(tmp_path, tmp_path_factory, harness, when):
+    """keep_values=True on both sides: every event is read back all the same (the mapped part holds its events,
+    not their values); the kept values read are those of the events in spills, each the one the run to its end
+    kept, and compare, clean, says of each ledger read from its mapped part that the rest's values are not kept."""
+    rng = np.random.default_rng([7, HARNESSES.index(harness), when == "step"])
+    d = str(tmp_path)
+    proc = K.start(harness, "run", d, 0, flush=1000.0 if when == "step-no-spill" else 0.05, keep_values=True)
+    lines = K.kill_at(proc, int(rng.integers(20, 1200)), rng)
+    rest, err = K.finish(proc)
+    known = K.known_counts(lines + rest)
+    assert known, err[-3000:]
+    assert bool(_segments(d)) == (when == "step"), _segments(d)
+    ref_env, ref_trainer, ref_values = reference(harness, tmp_path_factory, keep_values=True)
+    for side, path, ref in (("env", d, ref_env), ("trainer", os.path.join(d, "trainer.npz"), ref_trainer)):
+        got, _ = K.streams(path)
+        assert K.check_prefix(got, ref, known) == {i: 0 for i in known}, side
+        for i, members in K.kept_values(path).items():
+            kept = len(members.get("values_obs_0", ()))  # no member at all where no file holds any
+            assert kept <= len(got[i]["kind"]), (side, i)
+            if when == "step-no-spill":
+                assert kept == 0, (side, i, kept)  # no spill came: every event is from the mapped part
+            for name, arr in members.items():
+                assert np.array_equal(arr, ref_values[side][i][name][:kept]), (side, i, name)
+    report = compare(d, os.path.join(d, "trainer.npz"))
+    assert report.ok, str(report)
+    died = [n for n in report.notes if "from its mapped part" in n]
+    assert died and all("from its mapped part); their kept values are not (a mapped part holds digests only: "
+                        "values up to its last spill)" in n for n in died), report.notes
 
 
 @pytest.mark.parametrize("harness", ["async-fork", "subproc", "sync"])
