@@ -125,6 +125,17 @@ class AgentLedger(EnvAdapter):
             self._unsent = set(self._agents)
         self.index = index
 
+    def link(self, run: str) -> None:
+        """The run this env copy's ledger belongs to (the trainer side's run id, which its files carry too),
+        once indexed: compare pairs the two by it, not by their times (stepledger.rllib's multi-agent env)."""
+        if self._recording is not None:
+            self._recording.link(run, None)
+
+    @property
+    def stream_agents(self) -> list[Any]:
+        """The agents in the order of their streams: agent k of env copy e is stream e * n + k."""
+        return list(self._agents)
+
     def _recorder(self):
         if self._recorders is None:
             raise LedgerError("%s: no index: give index= or call set_index(i) before the first "

@@ -133,14 +133,12 @@ class LedgerMultiAgentEnv(MultiAgentEnv):
     def link(self, run: str) -> None:
         """The run this sub-env's ledger belongs to (instrument's run id, which the trainer files carry too),
         once indexed: compare pairs the two by it."""
-        recording = self._led._recording
-        if recording is not None:
-            recording.link(run, None)
+        self._led.link(run)
 
     @property
     def stream_agents(self) -> list[Any]:
         """The agents in the order of their streams: agent k of env e is stream e * n + k."""
-        return list(self._led._agents)
+        return self._led.stream_agents
 
     @property
     def index(self) -> int | None:

@@ -116,6 +116,22 @@ def test_agents_that_leave_and_join(tmp_path):
     assert kinds[5] == [0, 1, 1, 1]               # agent_2: joined with its first obs (a reset), then stepped
 
 
+def test_an_env_copy_linked_to_a_run_carries_its_id_and_names_its_streams_agents(tmp_path):
+    """AgentLedger.link (what stepledger.rllib's multi-agent env calls): the file carries the run's id; before an
+    index there is no ledger to link, and nothing happens."""
+    env = LedgerParallelEnv(LeavingEnv(), str(tmp_path))
+    env.link("run-before-its-index")  # no ledger yet: nothing
+    env.set_index(1)
+    assert env.stream_agents == list(LeavingEnv().possible_agents)
+    env.link("run-abc")
+    env.reset()
+    env.step({a: 1 for a in env.agents})
+    env.close()
+    with read(env.ledger_path) as led:
+        assert led.meta[S.META_RUN] == "run-abc"
+        assert sorted(led.streams) == sorted(agent_streams(1, env.stream_agents).values())
+
+
 def test_no_index_is_refused_at_the_first_reset(tmp_path):
     env = LedgerParallelEnv(LeavingEnv(), str(tmp_path))
     with pytest.raises(LedgerError, match="no index: give index= or call set_index"):
