@@ -228,6 +228,8 @@ def test_a_run_stopped_by_shutdown_alone_leaves_env_ledgers_up_to_the_last_flush
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok, str(report)
     notes = "\n".join(report.notes)
+    # every env's events are in its ledger (issue 30): the env side never stops before the trainer's end
+    assert "the env side stopped" not in notes, report.notes
     for i in spilled:
         assert noted_gone(report.notes, "env-%d.npz" % i), report.notes
     if signalled:
@@ -255,10 +257,10 @@ def test_evaluation_runners_record_nothing_and_a_recreated_runner_gets_new_indic
     assert noted_gone(report.notes, "env-2.npz") and noted_gone(report.notes, "env-3.npz"), report.notes
 
 
-def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_last_spill(tmp_path):
+def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_and_compares_clean(tmp_path):
     # SIGKILL to the process that built the algorithm, mid-training: its own trainer side (with two learners,
     # the learners' actors) and the runners' env ledgers die with it, or are killed by Ray, with no close().
-    # What is left is every ledger up to its last periodic spill; compare treats it as an interrupted run.
+    # What is left is every ledger: its spills, then its mapped part; compare treats it as an interrupted run.
     import psutil
     d = str(tmp_path / "killed")
     spec = {"path": d, "env": "CartPole-v1", "runners": 2, "envs": 2, "learners": 2, "iterations": 1,
@@ -302,13 +304,15 @@ def test_a_driver_killed_by_sigkill_mid_training_leaves_every_ledger_up_to_its_l
         psutil.wait_procs(family, timeout=30)
     assert env_indices(d) == [], "no env ledger was closed, so none is final"
     assert trainer_files(d) == [], "no trainer ledger was closed, so none is final"
-    with read(d) as ledger:  # each env's spill segments, as of its own last periodic spill
+    with read(d) as ledger:  # each env's spill segments, then its mapped part
         assert sorted(ledger.streams) == [0, 1, 2, 3]
         assert {s.meta.get("state") for s in ledger.streams.values()} == {"open"}
     report = compare(d, d)
     assert report.ok, str(report)
     assert sorted(report.envs) == [0, 1, 2, 3]
     assert report.partial == {"env": True, "trainer": True}
+    # every event of the killed env runners is read, from their mapped parts after their spills (issue 30)
+    assert not any("the env side stopped" in n for n in report.notes), report.notes
     assert any(n.startswith("trainer-learner-") and any(g in n for g in GONE) for n in report.notes), report.notes
 
 
