@@ -23,7 +23,8 @@ optional extra ``plugrl-stepledger[remote]``) and:
   local file where it was: the caller keeps it (see format/remote.py).
 - a ledger is read by copying it (and its spill segments, if any) to a local
   temporary directory first (``fetch``), then reading the copy with the
-  local reader. Memory stays bounded; the copy takes disk space. Every
+  local reader. Memory stays bounded (large objects are copied in ranged
+  reads, ``FETCH_BLOCK`` bytes at a time); the copy takes disk space. Every
   query asks the storage afresh: the backend's cached listings are dropped
   first, so a file published a moment ago, by this process or another, is
   seen.
@@ -302,13 +303,24 @@ def mirror(url):
     return os.path.join(proto, *parts)
 
 
+#: An object is copied from an object store in ranged reads of this many bytes, unless it is known to be at
+#: most WHOLE_FETCH_MAX bytes, when it is fetched whole (with others, concurrently): s3fs's get_file takes an
+#: object of more than its block size (50 MB) in parts, ten at once, each held in memory (a trainer ledger of
+#: 200 MB took 455 MB; a trainer ledger grows with the number of envs), where ranged reads hold about one block.
+FETCH_BLOCK = 16 << 20
+WHOLE_FETCH_MAX = 16 << 20
+
+
 def fetch(url, local):
-    """Copy the file ``url`` to the local path ``local``; False if there is no such file."""
+    """Copy the file ``url`` to the local path ``local``, in bounded memory; False if there is no such file."""
     fs, p = filesystem(url)
     os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
     _fresh(fs)
     try:
-        fs.get_file(p, local)
+        if is_object_store(fs):
+            _copy_in_blocks(fs, p, local)
+        else:
+            fs.get_file(p, local)
         return True
     except (FileNotFoundError, IsADirectoryError):
         try:
@@ -320,24 +332,41 @@ def fetch(url, local):
         raise LedgerError("%s: cannot read (%s)" % (url, one_line(exc))) from None
 
 
+def _copy_in_blocks(fs, path, local):
+    import shutil
+    with fs.open(path, "rb", block_size=FETCH_BLOCK, cache_type="none") as src, open(local, "wb") as out:
+        shutil.copyfileobj(src, out, FETCH_BLOCK)
+
+
 def fetch_all(copies):
-    """``fetch`` for each (URL, local path) of one filesystem, in one call where the backend batches them
-    (s3fs and gcsfs download concurrently); a file removed meanwhile is skipped, as ``fetch`` skips it."""
+    """``fetch`` for each (URL, local path[, size]) of one filesystem, in one call where the backend batches
+    them (s3fs and gcsfs download concurrently): on an object store, those known to be small
+    (WHOLE_FETCH_MAX), the others one by one in ranged reads, so that memory does not grow with a file's size.
+    A file removed meanwhile is skipped, as ``fetch`` skips it."""
     if not copies:
         return
-    if len(copies) == 1:
-        fetch(*copies[0])
-        return
     fs, _ = filesystem(copies[0][0])
-    for _, local in copies:
+    if is_object_store(fs):
+        small = []
+        for c in copies:
+            if len(c) > 2 and c[2] is not None and c[2] <= WHOLE_FETCH_MAX:
+                small.append(c)
+            else:
+                fetch(c[0], c[1])  # large, or of a size not known: in ranged reads
+        copies = small
+    if len(copies) <= 1:
+        for url, local, *_ in copies:
+            fetch(url, local)
+        return
+    for _, local, *_ in copies:
         os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
     _fresh(fs)
     try:
-        fs.get([filesystem(u)[1] for u, _ in copies], [local for _, local in copies])
+        fs.get([filesystem(c[0])[1] for c in copies], [c[1] for c in copies])
         return
     except FileNotFoundError:
         pass  # one of them is gone: copy the others one by one
     except Exception as exc:
         raise LedgerError("%s: cannot read (%s)" % (copies[0][0], one_line(exc))) from None
-    for url, local in copies:
+    for url, local, *_ in copies:
         fetch(url, local)

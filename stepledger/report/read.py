@@ -890,7 +890,7 @@ def _copy_all(copies: list[tuple[str, str, int | None]], made: list[OnDemand]) -
     """Each (URL, local path, size) copied: whole, or, under ON_DEMAND, as an on-demand copy (appended to
     ``made``) with what opening it reads fetched."""
     if not ON_DEMAND.get():
-        storage.fetch_all([(u, local) for u, local, _ in copies])
+        storage.fetch_all(copies)
         return
     for u, local, size in copies:
         if size is None:
