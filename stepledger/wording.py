@@ -709,9 +709,9 @@ def still_open(alive):
 def died_whole(mapped, kept_values=False):
     """A recording whose process died (a kill, a crash) and whose mapped part held its last events; with
     ``kept_values`` (keep_values=True), the values of those events, which a mapped part does not hold."""
-    line = "its process died; every event it recorded is read (%s from its mapped part)" % f"{mapped:,}"
+    line = "its process died, and every event it recorded is read (%s from its mapped part)" % f"{mapped:,}"
     if kept_values:
-        line += "; their kept values are not (a mapped part holds digests only: values up to its last spill)"
+        line += ", but not their kept values (a mapped part holds digests only: values up to its last spill)"
     return line
 
 
@@ -758,8 +758,7 @@ def env_files_ended(env_dir, indices, ended):
 def ends_apart(env, which, gap, endings, shared, agents=None):
     """Streams that agree as far as both go, in a run that did not end cleanly: ``which`` side stopped
     ``gap`` events before the other's end; ``endings`` lists (side, how its ledger ended)."""
-    why = "; ".join("the %s ledger %s %s" % (side, "is" if ended == IN_PROGRESS else "was", ended)
-                    for side, ended in endings)
+    why = "; ".join("the %s ledger: %s" % (side, ended) for side, ended in endings)
     return ("%s: records end at different points (the %s side stopped %d event%s before the other's end; %s); "
             "the %d events both sides have agree" % (stream_name(env, agents), which, gap, "" if gap == 1 else "s",
                                                      why, shared))

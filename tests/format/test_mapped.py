@@ -232,4 +232,4 @@ def test_kept_values_of_a_killed_run_up_to_its_last_spill_and_the_digests_after(
         assert not diff.env_values and not diff.trainer_values and not report.values_hint, shown
     assert report.values_hint is False and "hint: record with keep_values" not in shown, shown
     notes = [n for n in report.notes if "from its mapped part" in n]
-    assert len(notes) == 2 and all("their kept values are not" in n for n in notes), report.notes
+    assert len(notes) == 2 and all("but not their kept values" in n for n in notes), report.notes

@@ -387,7 +387,7 @@ def test_supersuit_close_kills_a_worker_still_writing(tmp_path):
     text = str(report)
     assert "records end at different points" not in text, text  # no copy lost an event
     assert len(text.splitlines()) == 2, text
-    assert re.fullmatch(r"\S+: env-0\.npz, env-1\.npz its process died; every event it recorded is read \(\d+ "
+    assert re.fullmatch(r"\S+: env-0\.npz, env-1\.npz its process died, and every event it recorded is read \(\d+ "
                         r"from its mapped part\)", text.splitlines()[-1]), text
 
 

@@ -499,7 +499,7 @@ def test_records_that_end_apart_name_the_agent(tmp_path):
     assert report.ok, str(report)
     ends = [n for n in report.notes if "records end at different points" in n]
     assert ends == ["env %d, agent agent_%d: records end at different points (the env side stopped 2 events before "
-                    "the other's end; the env ledger was not closed (its process is gone)); the 5 events both sides "
+                    "the other's end; the env ledger: not closed (its process is gone)); the 5 events both sides "
                     "have agree" % (s // 3, s % 3) for s in range(6)], report.notes
 
 

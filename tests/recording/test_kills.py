@@ -122,7 +122,7 @@ def test_sigkill_with_kept_values_loses_no_event(tmp_path, tmp_path_factory, har
     report = compare(d, os.path.join(d, "trainer.npz"))
     assert report.ok, str(report)
     died = [n for n in report.notes if "from its mapped part" in n]
-    assert died and all("from its mapped part); their kept values are not (a mapped part holds digests only: "
+    assert died and all("from its mapped part), but not their kept values (a mapped part holds digests only: "
                         "values up to its last spill)" in n for n in died), report.notes
 
 

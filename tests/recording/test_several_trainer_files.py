@@ -231,7 +231,7 @@ def test_a_learner_killed_before_its_final_file_is_read_from_its_segments(tmp_pa
         ends = [n for n in report.notes if n.startswith(("env 2:", "env 3:"))]
         assert len(ends) == 2 and all("records end at different points" in n for n in ends), report.notes
         # its events since its last spill are read from its mapped part (none there: the older note)
-        assert any(n.startswith(("trainer-1.npz: its process died; every event it recorded is read",
+        assert any(n.startswith(("trainer-1.npz: its process died, and every event it recorded is read",
                                  "trainer-1.npz: not closed (its process is gone)")) for n in report.notes), report.notes
     out = cli("compare", d, os.path.join(d, "trainer-*.npz"))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -455,7 +455,7 @@ def test_a_learner_killed_mid_run_then_a_rerun_with_one_learner(tmp_path):
         assert report.ok and report.envs == [0, 1, 2, 3], str(report)  # a killed learner is no boundary fault
         assert report.partial == {"env": True, "trainer": True}
         # its events since its last spill are read from its mapped part (none there: the older note)
-        assert any(n.startswith(("trainer-1.npz: its process died; every event it recorded is read",
+        assert any(n.startswith(("trainer-1.npz: its process died, and every event it recorded is read",
                                  "trainer-1.npz: not closed (its process is gone)")) for n in report.notes), report.notes
     time.sleep(CLOCK_SLACK + 0.3)
     # the same directory again, one learner of two envs: run 1's learner 1 and its envs are left behind

@@ -161,7 +161,7 @@ def test_a_sigterm_written_ledger_then_sigkill_loses_nothing_and_the_next_run_cl
     # going on, each ledger's events after its last spill are read from its mapped part, and the note says how
     # many: the env files share a note only when their counts agree
     ended = ("written when its process got SIGTERM" if after == "stops" and not mid
-             else "its process died; every event it recorded is read")
+             else "its process died, and every event it recorded is read")
     endings = [n for n in report.notes if not n.startswith("env ")]  # the trainer file's, the env files'
     assert len(endings) in ((2,) if after == "stops" and not mid else (2, 3)) and \
         all(ended in n or mid and "written when its process got SIGTERM" in n for n in endings), report.notes

@@ -267,7 +267,7 @@ def test_a_learner_killed_before_its_final_file_loses_no_slice(tmp_path):
     # difference, no gap, and the file's note says how it ended
     assert report.ok and report.envs == [0, 1], str(report)
     assert report.partial == {"env": False, "trainer": True}
-    ended = [n for n in report.notes if n.startswith("trainer-learner-1.npz: its process died; every event it "
-                                                     "recorded is read")]
+    ended = [n for n in report.notes if n.startswith("trainer-learner-1.npz: its process died, and every event "
+                                                     "it recorded is read")]
     assert len(ended) == 1, report.notes
     assert not [n for n in report.notes if "trainer file" in n or "records end" in n], report.notes

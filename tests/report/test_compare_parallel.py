@@ -158,7 +158,7 @@ def test_an_env_read_from_its_mapped_part_is_compared_here_and_the_others_by_wor
                         real_here(fn, work, *a))
     one = compare(d, os.path.join(d, "trainer.npz"), jobs=1)
     assert one.ok and sorted(one.envs) == [0, 1, 2, 3], str(one)
-    assert any(n.endswith("env-2.npz its process died; every event it recorded is read (301 from its mapped part)")
+    assert any(n.endswith("env-2.npz its process died, and every event it recorded is read (301 from its mapped part)")
                for n in one.notes), one.notes
     assert workers_used == [] and here == [[0, 1, 3], [2]]  # all in this process
     del here[:]

@@ -50,7 +50,7 @@ def env_indices(directory):
     return sorted(int(re.match(r"env-(\d+)\.npz$", n).group(1)) for n in names if re.match(r"env-\d+\.npz$", n))
 
 
-GONE = ("not closed (its process is gone)", "its process died; every event it recorded is read")
+GONE = ("not closed (its process is gone)", "its process died, and every event it recorded is read")
 
 
 def noted_gone(notes, name):

@@ -224,4 +224,4 @@ def test_an_interrupted_run_ends_as_docs_endings_says(tmp_path, vector, how):
     assert sorted(report.envs) == [0, 1]
     assert any("exited without close()" in n for n in report.notes), report.notes
     if how == "kill-worker":  # the killed worker's events, read from its mapped part (docs/ENDINGS.md)
-        assert any("its process died; every event it recorded is read" in n for n in report.notes), report.notes
+        assert any("its process died, and every event it recorded is read" in n for n in report.notes), report.notes
