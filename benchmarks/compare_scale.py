@@ -32,6 +32,7 @@ TESTS = os.path.join(ROOT, "tests")
 sys.path[:0] = [ROOT, TESTS]
 
 import _results  # noqa: E402
+from stepledger.format import storage  # noqa: E402  (its FETCH_BLOCK, named in the S3 table)
 
 MB = 1 << 20
 TARGETS = {"jobs_s": 1.0, "jobs_mb": 256}
@@ -254,15 +255,20 @@ def part_large(base, n, envs=1000, events=100_000, s3=True):
     lines += table(local, ["--jobs 1", "--jobs 2"], "local, %d envs" % envs)
     lines += ["", "Memory against the number of envs (%d envs of the same length):" % (envs // 4), ""]
     lines += table(quarter, ["--jobs 1", "--jobs 2"], "local, %d envs" % (envs // 4))
-    s3 = _on_s3(directory, n) if s3 else None
+    s3 = _on_s3([(directory, "run"), (small, "quarter")], n) if s3 else None
     if s3 is not None:
         lines += ["", "The same ledgers on an S3-compatible server on loopback (%s, through s3fs), compared from their "
-                  "URLs (each ledger fetched to a temporary directory, then read):" % s3[0], ""]
-        lines += table(s3[1], ["--jobs 1", "--jobs 2"], "S3, %d envs" % envs)
+                  "URLs (each ledger fetched to a temporary directory, then read; a large one in ranged reads of "
+                  "%d MB):" % (s3[0], storage.FETCH_BLOCK >> 20), ""]
+        lines += table(s3[1]["run"], ["--jobs 1", "--jobs 2"], "S3, %d envs" % envs)
+        lines += ["", "Memory against the number of envs on S3:", ""]
+        lines += table(s3[1]["quarter"], ["--jobs 1", "--jobs 2"], "S3, %d envs" % (envs // 4))
     return lines
 
 
-def _on_s3(directory, n):
+def _on_s3(directories, n):
+    """Each (local directory, name) uploaded to a bucket of a loopback S3 server and compared from there:
+    (the server's kind, {name: runs}), or None without a server."""
     try:
         import s3server
         server = s3server.S3Server()
@@ -273,14 +279,16 @@ def _on_s3(directory, n):
     try:
         bucket = server.make_bucket("bench-large")
         fs = server.filesystem()
-        log("uploading %s to the S3 server ..." % directory)
-        t0 = time.perf_counter()
-        names = sorted(os.listdir(directory))
-        fs.put([os.path.join(directory, x) for x in names], ["%s/run/%s" % (bucket, x) for x in names])
-        log("  %.0f s" % (time.perf_counter() - t0))
         env = dict(os.environ, **server.environ())
-        runs = pairs("s3://%s/run" % bucket, "s3://%s/run/trainer.npz" % bucket,
-                     {"--jobs 1": {"jobs": 1}, "--jobs 2": {"jobs": 2}}, n, env=env)
+        runs = {}
+        for directory, name in directories:
+            log("uploading %s to the S3 server ..." % directory)
+            t0 = time.perf_counter()
+            names = sorted(os.listdir(directory))
+            fs.put([os.path.join(directory, x) for x in names], ["%s/%s/%s" % (bucket, name, x) for x in names])
+            log("  %.0f s" % (time.perf_counter() - t0))
+            runs[name] = pairs("s3://%s/%s" % (bucket, name), "s3://%s/%s/trainer.npz" % (bucket, name),
+                               {"--jobs 1": {"jobs": 1}, "--jobs 2": {"jobs": 2}}, n, env=env)
         return server.kind, runs
     finally:
         server.close()
