@@ -2,7 +2,8 @@
 
 - env side: ``ledger_env_fns(make_env, n, directory)`` (or ``LedgerEnvFn``) gives the ``create_env_fn`` of
   ``ParallelEnv`` or ``SerialEnv``: ``LedgerEnv`` around each Gymnasium env, in its worker, with its index,
-  handed to TorchRL's ``GymWrapper``; ``LedgerIndex`` puts the index in every step;
+  handed to ``LedgerGymWrapper`` (TorchRL's ``GymWrapper`` that puts the index in every step;
+  ``LedgerIndex`` does the same as a transform, for a stack of one's own);
 - trainer side: ``LedgerCollector``, which records each batch a ``Collector``, ``MultiSyncCollector`` or
   ``MultiAsyncCollector`` hands out.
 
@@ -20,11 +21,11 @@ from stepledger._moved import lazy_face
 if TYPE_CHECKING:  # what an editor and a type checker see; at run time each name is imported on first use
     from stepledger.torchrl.check import check_collector
     from stepledger.torchrl.collector import LedgerCollector, spaces_of
-    from stepledger.torchrl.envs import INDEX_KEY, LedgerEnvFn, LedgerIndex, ledger_env_fns
+    from stepledger.torchrl.envs import INDEX_KEY, LedgerEnvFn, LedgerGymWrapper, LedgerIndex, ledger_env_fns
     from stepledger.torchrl.faults import ENV_SIDE_FAULTS, inject_in_worker
 
 _NAMES = {
-    **dict.fromkeys(("INDEX_KEY", "LedgerEnvFn", "LedgerIndex", "ledger_env_fns"), "envs"),
+    **dict.fromkeys(("INDEX_KEY", "LedgerEnvFn", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns"), "envs"),
     **dict.fromkeys(("LedgerCollector", "spaces_of"), "collector"),
     **dict.fromkeys(("ENV_SIDE_FAULTS", "inject_in_worker"), "faults"),
     **dict.fromkeys(("check_collector",), "check"),

@@ -78,6 +78,46 @@ def test_each_row_carries_its_env_index_and_the_batch_is_time_last(tmp_path):
     assert compare(d, c.ledger_path).ok
 
 
+class _OwnStack:
+    """A factory of one's own: GymWrapper(LedgerEnv(...)) with LedgerIndex as a transform, not LedgerEnvFn."""
+
+    def __init__(self, directory, index):
+        self.directory, self.index = directory, index
+
+    def __call__(self):
+        from torchrl.envs import GymWrapper, TransformedEnv
+
+        from stepledger import LedgerEnv
+        from stepledger.torchrl import LedgerIndex
+        return TransformedEnv(GymWrapper(LedgerEnv(trl_envs.Make()(), self.directory, index=self.index)),
+                              LedgerIndex(self.index))
+
+
+@pytest.mark.parametrize("stack", ["ledger_env_fns", "LedgerIndex"])
+def test_the_index_is_in_every_reset_and_step_from_the_wrapper_or_the_transform(tmp_path, stack):
+    """ledger_env_fns's envs are LedgerGymWrapper (the index put by the wrapper itself: the transform's
+    machinery cost 1.21x a ParallelEnv's throughput); LedgerIndex still does it for a stack of one's own."""
+    from stepledger.torchrl import LedgerGymWrapper
+    d = str(tmp_path)
+    fns = ledger_env_fns(trl_envs.Make(), 2, d) if stack == "ledger_env_fns" else [_OwnStack(d, i) for i in range(2)]
+    env = fns[0]()
+    assert isinstance(env, LedgerGymWrapper) == (stack == "ledger_env_fns")
+    assert env.observation_spec[INDEX_KEY].dtype == torch.int64
+    assert env.reset().get(INDEX_KEY).tolist() == [0]
+    assert env.rand_step().get(("next",) + INDEX_KEY).tolist() == [0]
+    env.close()
+    spaces = {} if stack == "ledger_env_fns" else dict(zip(("observation_space", "action_space"), (
+        lambda e: (e.observation_space, e.action_space))(trl_envs.Make()())), num_envs=2)
+    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("parallel", fns), 20, 60), d + "/trainer.npz",
+                        fns if stack == "ledger_env_fns" else None, **spaces)
+    batches = list(c)
+    assert all(b.get(INDEX_KEY)[..., 0].tolist() == [[0] * 10, [1] * 10] for b in batches)
+    assert all(b.get(("next",) + INDEX_KEY)[..., 0].tolist() == [[0] * 10, [1] * 10] for b in batches)
+    c.shutdown()
+    report = compare(d, c.ledger_path)
+    assert report.ok and report.envs == [0, 1], str(report)
+
+
 def test_compact_obs_withholds_every_final_observation_and_compares_clean(tmp_path):
     """compact_obs=True drops ("next", "observation"): a step's obs is the next root obs, and an ending step's
     final observation is withheld."""
