@@ -723,8 +723,8 @@ def died_before_its_first_event(path, mapped):
 
 def rebooted(events):
     """A recording whose machine rebooted since: its mapped part is not read (format/mapped.py)."""
-    return ("its machine rebooted since (another boot id): read up to its last spill, which was on disk; "
-            "the %s events in its mapped part are left out, as pages that may never have been written" % f"{events:,}")
+    return ("its machine rebooted since (another boot id): read up to its last spill, which was on disk, leaving "
+            "out the %s events in its mapped part, as pages that may never have been written" % f"{events:,}")
 
 
 def rebooted_nothing():

@@ -96,6 +96,10 @@ def test_another_boot_id_reads_up_to_the_last_spill(tmp_path, truth, monkeypatch
     assert int(np.sum(got["kind"] == S.KIND_STEP)) == 300  # the spill's, synced; nothing of the mapped part
     assert meta[S.META_REBOOTED] > 0 and S.META_MAPPED not in meta
     assert n < len(truth["kind"])
+    from stepledger.report.compare import how_it_ended  # what compare and show say of how it ended
+    assert how_it_ended(meta) == ("its machine rebooted since (another boot id): read up to its last spill, which "
+                                  "was on disk, leaving out the %s events in its mapped part, as pages that may "
+                                  "never have been written" % f"{meta[S.META_REBOOTED]:,}")
 
 
 def test_another_boot_id_and_no_spill_reads_nothing(tmp_path, monkeypatch):
