@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import shutil
 import uuid
 from typing import TypeVar
 
@@ -333,13 +334,12 @@ def fetch(url, local):
 
 
 def _copy_in_blocks(fs, path, local):
-    import shutil
     with fs.open(path, "rb", block_size=FETCH_BLOCK, cache_type="none") as src, open(local, "wb") as out:
         shutil.copyfileobj(src, out, FETCH_BLOCK)
 
 
 def fetch_all(copies):
-    """``fetch`` for each (URL, local path[, size]) of one filesystem, in one call where the backend batches
+    """``fetch`` for each (URL, local path, size or None) of one filesystem, in one call where the backend batches
     them (s3fs and gcsfs download concurrently): on an object store, those known to be small
     (WHOLE_FETCH_MAX), the others one by one in ranged reads, so that memory does not grow with a file's size.
     A file removed meanwhile is skipped, as ``fetch`` skips it."""
@@ -348,25 +348,25 @@ def fetch_all(copies):
     fs, _ = filesystem(copies[0][0])
     if is_object_store(fs):
         small = []
-        for c in copies:
-            if len(c) > 2 and c[2] is not None and c[2] <= WHOLE_FETCH_MAX:
-                small.append(c)
+        for url, local, size in copies:
+            if size is not None and size <= WHOLE_FETCH_MAX:
+                small.append((url, local, size))
             else:
-                fetch(c[0], c[1])  # large, or of a size not known: in ranged reads
+                fetch(url, local)  # large, or of a size not known: in ranged reads
         copies = small
     if len(copies) <= 1:
-        for url, local, *_ in copies:
+        for url, local, _ in copies:
             fetch(url, local)
         return
-    for _, local, *_ in copies:
+    for _, local, _ in copies:
         os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
     _fresh(fs)
     try:
-        fs.get([filesystem(c[0])[1] for c in copies], [c[1] for c in copies])
+        fs.get([filesystem(url)[1] for url, _, _ in copies], [local for _, local, _ in copies])
         return
     except FileNotFoundError:
         pass  # one of them is gone: copy the others one by one
     except Exception as exc:
         raise LedgerError("%s: cannot read (%s)" % (copies[0][0], one_line(exc))) from None
-    for url, local, *_ in copies:
+    for url, local, _ in copies:
         fetch(url, local)

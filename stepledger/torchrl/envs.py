@@ -37,7 +37,7 @@ class LedgerIndex(Transform):
         self.index = int(index)
 
     def _value(self, td):
-        return torch.full((*td.batch_size, 1), self.index, dtype=torch.int64, device=td.device)
+        return _index_tensor(self.index, td.batch_size, td.device)
 
     def _call(self, next_tensordict):
         next_tensordict.set(INDEX_KEY, self._value(next_tensordict))
@@ -49,6 +49,11 @@ class LedgerIndex(Transform):
 
     def transform_observation_spec(self, observation_spec):
         return _index_spec(observation_spec)
+
+
+def _index_tensor(index, batch_size, device):
+    """INDEX_KEY's value: the env's index, int64, of shape the batch shape + (1,)."""
+    return torch.full((*batch_size, 1), index, dtype=torch.int64, device=device)
 
 
 def _index_spec(observation_spec):
@@ -71,7 +76,7 @@ class LedgerGymWrapper(GymWrapper):
         _index_spec(self.observation_spec)
 
     def _index(self):
-        return torch.full((*self.batch_size, 1), self._stepledger_index, dtype=torch.int64, device=self.device)
+        return _index_tensor(self._stepledger_index, self.batch_size, self.device)
 
     def _step(self, tensordict):
         out = super()._step(tensordict)
