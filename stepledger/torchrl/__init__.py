@@ -21,11 +21,13 @@ from stepledger._moved import lazy_face
 if TYPE_CHECKING:  # what an editor and a type checker see; at run time each name is imported on first use
     from stepledger.torchrl.check import check_collector
     from stepledger.torchrl.collector import LedgerCollector, spaces_of
-    from stepledger.torchrl.envs import INDEX_KEY, LedgerEnvFn, LedgerGymWrapper, LedgerIndex, ledger_env_fns
+    from stepledger.torchrl.envs import (INDEX_KEY, LedgerEnvFn, LedgerGymMixin, LedgerGymWrapper, LedgerIndex,
+                                         ledger_env_fns, ledger_inside)
     from stepledger.torchrl.faults import ENV_SIDE_FAULTS, inject_in_worker
 
 _NAMES = {
-    **dict.fromkeys(("INDEX_KEY", "LedgerEnvFn", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns"), "envs"),
+    **dict.fromkeys(("INDEX_KEY", "LedgerEnvFn", "LedgerGymMixin", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns",
+                     "ledger_inside"), "envs"),
     **dict.fromkeys(("LedgerCollector", "spaces_of"), "collector"),
     **dict.fromkeys(("ENV_SIDE_FAULTS", "inject_in_worker"), "faults"),
     **dict.fromkeys(("check_collector",), "check"),

@@ -24,7 +24,8 @@ from torchrl.envs import GymWrapper, Transform
 
 from stepledger.gymnasium.env import LedgerEnv
 
-__all__ = ["INDEX_KEY", "LedgerEnvFn", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns"]
+__all__ = ["INDEX_KEY", "LedgerEnvFn", "LedgerGymMixin", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns",
+           "ledger_inside"]
 
 INDEX_KEY = ("stepledger", "env")  # where each step and reset says which env it came from
 
@@ -65,28 +66,62 @@ def _index_spec(observation_spec):
     return observation_spec
 
 
-class LedgerGymWrapper(GymWrapper):
-    """TorchRL's ``GymWrapper`` that puts the env's index under ``INDEX_KEY`` in every reset and step itself,
-    as ``LedgerIndex`` does, without a ``TransformedEnv`` around it: the transform's machinery cost a
-    ParallelEnv of 8 Pendulum envs 1.21x its throughput on 2 cores, this 1.06x (docs/TORCHRL.md)."""
+class LedgerGymMixin:
+    """What ``LedgerGymWrapper`` adds to TorchRL's ``GymWrapper`` (or a subclass of it, such as ``GymEnv``):
 
-    def __init__(self, env=None, index=0, **kwargs):
-        self._stepledger_index = int(index)
-        super().__init__(env, **kwargs)
-        _index_spec(self.observation_spec)
+    - ``INDEX_KEY`` in every reset and step, and in the observation spec (``self._stepledger_index``, set before
+      the specs are made);
+    - ``set_seed`` below the ledger: TorchRL's ``GymWrapper`` seeds by a reset (``reset(seed=...)``) whose
+      observation no batch brings; here the env inside ``LedgerEnv`` is reset with the seed instead, so the
+      env is seeded exactly as without the ledger and the ledger holds only the resets the trainer gets.
+    """
+
+    _stepledger_index: int
+
+    def _make_specs(self, env, batch_size=None):
+        super()._make_specs(env, batch_size)  # type: ignore[misc]
+        _index_spec(self.observation_spec)  # type: ignore[attr-defined]
 
     def _index(self):
-        return _index_tensor(self._stepledger_index, self.batch_size, self.device)
+        return _index_tensor(self._stepledger_index, self.batch_size, self.device)  # type: ignore[attr-defined]
 
     def _step(self, tensordict):
-        out = super()._step(tensordict)
+        out = super()._step(tensordict)  # type: ignore[misc]
         out.set(INDEX_KEY, self._index())
         return out
 
     def _reset(self, tensordict=None, **kwargs):
-        out = super()._reset(tensordict, **kwargs)
+        out = super()._reset(tensordict, **kwargs)  # type: ignore[misc]
         out.set(INDEX_KEY, self._index())
         return out
+
+    def _set_seed(self, seed):
+        ledger = ledger_inside(self._env)  # type: ignore[attr-defined]
+        if ledger is None or seed is None:
+            return super()._set_seed(seed)  # type: ignore[misc]
+        ledger.env.reset(seed=seed)  # as GymWrapper's reset(seed=...), beneath the ledger
+        self._seed_calls_reset = True
+        return None
+
+
+def ledger_inside(env):
+    """The ``LedgerEnv`` in a Gymnasium env's chain of wrappers (outermost first), or None."""
+    while env is not None:
+        if isinstance(env, LedgerEnv):
+            return env
+        env = getattr(env, "env", None)
+    return None
+
+
+class LedgerGymWrapper(LedgerGymMixin, GymWrapper):
+    """TorchRL's ``GymWrapper`` that puts the env's index under ``INDEX_KEY`` in every reset and step itself,
+    as ``LedgerIndex`` does, without a ``TransformedEnv`` around it: the transform's machinery cost a
+    ParallelEnv of 8 Pendulum envs 1.21x its throughput on 2 cores, this 1.06x (docs/TORCHRL.md). Its
+    ``set_seed`` seeds the env beneath the ledger (``LedgerGymMixin``)."""
+
+    def __init__(self, env=None, index=0, **kwargs):
+        self._stepledger_index = int(index)
+        super().__init__(env, **kwargs)
 
 
 class LedgerEnvFn:
@@ -110,8 +145,8 @@ class LedgerEnvFn:
             before GymWrapper (an injector such as ``FaultyEnv``: what it
             changes is on the boundary).
         seed: seeds the env with ``seed + index`` (a reset inside LedgerEnv) before the run. TorchRL's own
-            ``env.set_seed(s)`` resets each env through GymWrapper (``reset(seed=...)``), outside LedgerEnv: a
-            reset the trainer never receives, which compare reports; seed here instead.
+            ``env.set_seed(s)`` does the same through ``LedgerGymWrapper`` (beneath the ledger), with the seeds
+            TorchRL gives each worker.
         gym_kwargs: passed to ``GymWrapper`` (``categorical_action_encoding``,
             ``device``, ...).
         ledger_kwargs: passed to ``LedgerEnv`` (``reward_dtype``,

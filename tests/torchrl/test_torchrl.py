@@ -195,21 +195,49 @@ def test_torchrl_rounds_a_float64_reward_to_its_float32_reward_spec(tmp_path):
     assert len(report.differences) == 2
 
 
-def test_set_seed_resets_outside_the_ledger_and_seed_in_the_factory_does_not(tmp_path):
-    """TorchRL's env.set_seed resets each env through GymWrapper: a reset the trainer never gets."""
-    d1, d2 = str(tmp_path / "a"), str(tmp_path / "b")
-    fns = ledger_env_fns(trl_envs.Make(), 2, d1)
-    env = trl_envs.batched("serial", fns)
+@pytest.mark.parametrize("vector", ["serial", "parallel"])
+def test_set_seed_seeds_beneath_the_ledger_as_torchrl_seeds_without_it(tmp_path, vector):
+    """TorchRL's env.set_seed resets each env with its seed (GymWrapper's reset(seed=...)), a reset whose
+    observation no batch brings; LedgerGymWrapper makes that reset beneath the ledger: the run compares clean and
+    its values are those of a run without ledgers seeded the same way."""
+    from torchrl.envs import GymWrapper
+
+    def collect(env, fns=None):
+        env.set_seed(3)
+        torch.manual_seed(0)
+        c = trl_envs.collector("single", env, 20, 60)
+        if fns is not None:
+            c = LedgerCollector(c, os.path.join(fns[0].directory, "trainer.npz"), fns)
+        seen = [b.get(("next", "observation")).clone() for b in c]
+        c.shutdown()
+        return seen, (c.ledger_path if fns is not None else None)
+
+    fns = ledger_env_fns(trl_envs.Make(), 2, str(tmp_path / "a"))
+    seen, trainer = collect(trl_envs.batched(vector, fns), fns)
+    assert compare(fns[0].directory, trainer).ok
+    plain, _ = collect(trl_envs.batched(vector, [lambda: GymWrapper(trl_envs.Make()())] * 2))
+    assert len(seen) == 3 and all(torch.equal(a, b) for a, b in zip(seen, plain))
+
+
+@pytest.mark.parametrize("wrapper", ["GymWrapper", "LedgerGymWrapper"])
+def test_set_seed_through_a_plain_gymwrapper_is_a_reset_in_the_ledger(tmp_path, wrapper):
+    """Around LedgerEnv, TorchRL's own GymWrapper seeds by a reset through the ledger (one the trainer never
+    gets: docs/FINDINGS.md); LedgerGymWrapper seeds beneath it."""
+    from torchrl.envs import GymWrapper
+
+    from stepledger import LedgerEnv
+    from stepledger.torchrl import LedgerGymWrapper, ledger_inside
+
+    inner = LedgerEnv(trl_envs.Make()(), str(tmp_path), index=0)
+    assert ledger_inside(inner) is inner and ledger_inside(inner.env) is None
+    env = GymWrapper(inner) if wrapper == "GymWrapper" else LedgerGymWrapper(inner, 0)
     env.set_seed(0)
-    c = LedgerCollector(trl_envs.collector("single", env, 20, 20), d1 + "/trainer.npz", fns)
-    list(c)
-    c.shutdown()
-    assert not compare(d1, c.ledger_path).ok
-    fns = ledger_env_fns(trl_envs.Make(), 2, d2, seed=0)
-    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("serial", fns), 20, 20), d2 + "/trainer.npz", fns)
-    list(c)
-    c.shutdown()
-    assert compare(d2, c.ledger_path).ok
+    env.rollout(3)
+    env.close()
+    with read(str(tmp_path)) as ledger:
+        kinds = ledger.streams[0].columns["kind"][:]
+    assert int((kinds == 0).sum()) == (2 if wrapper == "GymWrapper" else 1)
+    assert int((kinds == 1).sum()) == 3
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
