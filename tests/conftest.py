@@ -25,7 +25,16 @@ def _run_python(code, env_vars=None, timeout=120):
     return proc.stdout
 
 
+import atexit
 import multiprocessing as _mp
+import shutil
+import tempfile
+
+# SB3's learn() makes a log folder in the system's temp directory each time (/tmp/SB3-<time>) unless SB3_LOGDIR
+# names one: the suite's go in one folder of this process (inherited by the processes it starts), removed at exit.
+if "SB3_LOGDIR" not in os.environ:
+    os.environ["SB3_LOGDIR"] = tempfile.mkdtemp(prefix="stepledger-tests-sb3-")
+    atexit.register(shutil.rmtree, os.environ["SB3_LOGDIR"], True)
 
 _START_METHOD = _mp.get_start_method(allow_none=True)  # the session's, before any test ran (None: the platform's)
 _TORCHRL_TESTS = os.path.join(TESTS_DIR, "torchrl")
