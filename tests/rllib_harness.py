@@ -12,6 +12,7 @@ fault (a dict for stepledger.rllib.inject) or faults (a list of them), algo ("PP
 modules (multi-agent: "shared", every agent feeding one module, or "own", a module each; env then one of
 tests/rllib_ma_envs.py's, env_config its config),
 live (instrument(..., live=True): the run's "metrics" are the live check's counts in RLlib's results),
+batch_mode ("truncate_episodes", RLlib's default, or "complete_episodes"),
 timeout (seconds the run may take, RUN_TIMEOUT by default: SIGALRM ends the session past it). It prints one JSON line: a list of what each run did.
 """
 
@@ -48,7 +49,8 @@ def config_for(spec):
               .environment(spec.get("env", "CartPole-v1"))
               .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs,
                            num_cpus_per_env_runner=0.25 if runners else 1,
-                           gym_env_vectorize_mode=spec.get("vectorize", "sync"))
+                           gym_env_vectorize_mode=spec.get("vectorize", "sync"),
+                           batch_mode=spec.get("batch_mode", "truncate_episodes"))
               .learners(num_learners=learners, num_cpus_per_learner=0.25 if learners else 1)
               .training(train_batch_size_per_learner=batch, minibatch_size=min(batch, 100), num_epochs=1)
               .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[16]))

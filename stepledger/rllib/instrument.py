@@ -35,6 +35,12 @@ Where each side is recorded (the new API stack: env runners, episodes, learners)
   tagged on each episode when it is created. Actions are the ones sent to the
   env: the episode keeps the policy's, so the recorder applies RLlib's own
   ``NormalizeAndClipActions`` (unsquash or clip, as the config says).
+- **Episodes a runner drops** (its env reset under them: with
+  ``batch_mode="complete_episodes"``, every ``sample()`` resets its envs and
+  deletes the episodes under way) never reach a learner: each runner counts
+  their events per stream and hands the count on with the next episode of that
+  env it returns (``custom_data[DROPPED]``); the trainer side records that
+  episode's events past them, and compare names the dropped ones.
 - **Evaluation runners** are not recorded: their episodes never reach a
   learner. **A runner that RLlib recreates** after a failure gets new indices
   (past those of the first runners), so that its ledgers never replace those
@@ -66,6 +72,8 @@ if TYPE_CHECKING:
 Placement = Literal["auto", "learner", "runner"]
 
 TAG = "stepledger_env"            # episode.custom_data key: the global env index of the episode's sub-env
+DROPPED = "stepledger_dropped"    # episode.custom_data key: {stream: events} of episodes of its env that the
+                                  # runner dropped before it (never returned by sample()): the env took them
 TRAINER_FILE = "trainer.npz"              # the learner placement's trainer ledger, with one learner
 LEARNER_FILE = "trainer-learner-%d.npz"    # with several: each learner's (K: its place in the learner group)
 RUNNER_FILE = "trainer-runner-%d.npz"      # the runner placement's, one per env runner (its first env index)
@@ -216,6 +224,64 @@ def _tag_episode(env_runner, episode, env_index, **_):
     if base is None:
         base = runner_base(env_runner)
     episode.custom_data[TAG] = base + int(env_index)
+    # every episode a runner creates, until its sample() ends: which of them it returned, and which it dropped
+    created = getattr(env_runner, "_stepledger_created", None)
+    if created is None:
+        created = env_runner._stepledger_created = {}
+    created.setdefault(int(env_index), []).append(episode)
+
+
+def _count_dropped(env_runner, samples):
+    """At the end of a runner's sample(): each episode (chunk) of its envs that was under way in this call and is
+    neither returned nor still going on was dropped, with the events the env recorded of it: the runner reset its
+    env under it (``EnvRunner._reset_envs_and_episodes`` "deletes ongoing episodes": with
+    ``batch_mode="complete_episodes"``, at the start of every sample() call; after an env step that failed), or
+    left a done episode unreturned (a sample of ``num_episodes`` stops at the episode that completes it, and
+    another env's episode done at the same step is not returned). Their events are counted per stream
+    (an agent's reset where it has one in the chunk, and its steps) and given to the next episode of the same
+    env that the runner returns (``custom_data[DROPPED]``), so that the trainer side records where its events
+    stand in the env's stream: compare then says which events never reached a learner (read.stitch)."""
+    created = getattr(env_runner, "_stepledger_created", None) or {}
+    env_runner._stepledger_created = {}
+    carry = getattr(env_runner, "_stepledger_carry", None) or {}
+    dropped = getattr(env_runner, "_stepledger_dropped", None)
+    if dropped is None:
+        dropped = env_runner._stepledger_dropped = {}  # env index -> {stream: events} not given on yet
+    agents = getattr(env_runner, "_stepledger_agents", None)
+    returned = {id(ep) for ep in samples or ()}
+    ongoing = list(getattr(env_runner, "_ongoing_episodes", None) or [])
+    new_carry = {}
+    for i in sorted(set(carry) | set(created) | set(range(len(ongoing)))):
+        now = ongoing[i] if i < len(ongoing) else None
+        for ep in ([carry[i]] if i in carry else []) + created.get(i, []):  # in the order the runner had them
+            if ep is None or TAG not in ep.custom_data:
+                continue
+            if now is not None and ep.id_ == now.id_:
+                continue  # going on: itself, or the chunk that cut() continues it in (it brings a reset of no step)
+            if id(ep) in returned:
+                if dropped.get(i):
+                    ep.custom_data[DROPPED] = dropped.pop(i)
+                continue
+            for stream, sa in agent_units(ep, int(ep.custom_data[TAG]), agents):
+                n = len(sa) + (1 if sa.t_started == 0 and sa.is_reset else 0)
+                if n:
+                    counts = dropped.setdefault(i, {})
+                    counts[stream] = counts.get(stream, 0) + n
+        if now is not None:
+            new_carry[i] = now
+    env_runner._stepledger_carry = new_carry
+
+
+def pending_dropped(env_runner):
+    """{stream: events} of the episodes the runner dropped since the last episode of their env it returned (at
+    the end of a run: events before the last resets, ``pending_resets``, that never reached a learner)."""
+    if env_runner.config.in_evaluation:
+        return {}
+    out = {}
+    for counts in (getattr(env_runner, "_stepledger_dropped", None) or {}).values():
+        for stream, n in counts.items():
+            out[stream] = out.get(stream, 0) + n
+    return out
 
 
 def _on_sample_end(settings, env_runner, samples=None, metrics_logger=None, **_):
@@ -225,6 +291,7 @@ def _on_sample_end(settings, env_runner, samples=None, metrics_logger=None, **_)
     every event up to the last sample() that ended past an interval."""
     if env_runner.config.in_evaluation:
         return
+    _count_dropped(env_runner, samples)
     if settings["placement"] == "runner" and samples:
         _runner_recorder(settings, env_runner).record(samples)
     if settings.get("live") and samples:
@@ -310,6 +377,7 @@ def _runner_recorder(settings, env_runner):
         @functools.wraps(stop)
         def stop_and_close(*args, **kwargs):
             try:
+                recorder.skip(pending_dropped(env_runner))
                 recorder.record_resets(pending_resets(env_runner))
                 return stop(*args, **kwargs)
             finally:
@@ -378,6 +446,7 @@ class EpisodeRecorder:
         self.beyond = set()  # indices past num_envs: runners recreated more often than indices were kept for
         self.fragments, self.rows, self.end = {}, {}, {}  # a learner's: env -> [(offset, row)], rows, offset past
         self.reset_of = {}  # stream -> the id_ of the episode whose reset it recorded last
+        self.count, self.skipped = {}, {}  # a runner's: env -> events recorded; events dropped before the next
         self.created = time.time()  # set up before the run samples (a learner's: at on_algorithm_init)
 
     def _open(self, episode):
@@ -409,6 +478,8 @@ class EpisodeRecorder:
                     self.untagged += 1
                     continue
                 units = agent_units(ep, int(tag), self.agents)
+                if self.path is not None:
+                    self.skip(ep.custom_data.get(DROPPED))
             for stream, sa in units:
                 base = None
                 if positions is not None:
@@ -432,8 +503,11 @@ class EpisodeRecorder:
         m, t = len(ep), ep.t_started
         # an agent that joined at a chunk's last step has its reset in that chunk and in the next one again
         again = t == 0 and self.agents is not None and self.reset_of.get(env) == ep.id_
+        n = m + (t == 0 and not again)
         if base is not None:
-            self._at(env, base + (0 if t == 0 and not again else 1 + t), m + (t == 0 and not again))
+            self._at(env, base + (0 if t == 0 and not again else 1 + t), n)
+        else:
+            self._after_skipped(env, n)
         if t == 0:
             if not again:
                 token = _token(ep.get_infos(0)) if self.live else None
@@ -450,6 +524,21 @@ class EpisodeRecorder:
         tokens = [_token(info) for info in ep.get_infos(slice(1, None))] if self.live else None
         self.ledger.env_steps(env, actions, ep.get_observations(slice(1, None)), np.asarray(ep.get_rewards()),
                               _flags(m, ep.is_terminated), _flags(m, ep.is_truncated), tokens)
+
+    def skip(self, dropped):
+        """A runner's: events of streams that it dropped ({stream: events}, ``DROPPED``): the next events of each
+        stream are recorded at an offset past them (a new fragment), so that compare names them."""
+        for env, n in (dropped or {}).items():
+            self.skipped[int(env)] = self.skipped.get(int(env), 0) + int(n)
+
+    def _after_skipped(self, env, n):
+        """A runner's: the next n events of env, after the events dropped before them (``skip``), if any."""
+        if env in self.fragments or self.skipped.get(env):
+            if env not in self.fragments:  # the events so far: its first fragment, from offset 0
+                self.fragments[env] = [(0, 0)]
+                self.rows[env] = self.end[env] = self.count.get(env, 0)
+            self._at(env, self.end[env] + self.skipped.pop(env, 0), n)
+        self.count[env] = self.count.get(env, 0) + n
 
     def _at(self, env, offset, n):
         """The next n events of env are at ``offset`` of its stream: a new fragment where they do not follow
@@ -474,6 +563,8 @@ class EpisodeRecorder:
             if 0 <= env < self.num_envs:
                 if offsets is not None:
                     self._at(env, offsets[k], 1)
+                else:
+                    self._after_skipped(env, 1)
                 self.ledger.env_reset(env, ep.get_observations(0))
                 self.reset_of[env] = ep.id_
                 self.next_t[env] = 0
@@ -548,6 +639,9 @@ def _hook_algorithm(settings, algorithm, **_):
                 resets = runners.foreach_env_runner(pending_resets, local_env_runner=runners.local_env_runner
                                                     is not None and runners.local_env_runner.env is not None)
                 resets = [pair for part in resets for pair in part]
+                for part in runners.foreach_env_runner(pending_dropped, local_env_runner=runners.local_env_runner
+                                                       is not None and runners.local_env_runner.env is not None):
+                    positions.skip(part)
                 group.foreach_learner(_record_resets, remote_actor_ids=None if group.is_local else learners[:1],
                                       resets=resets, offsets=positions.resets(resets))
             except Exception as exc:  # a runner or learner already gone: its last resets stay unrecorded
@@ -584,6 +678,7 @@ class EpisodePositions:
             tag = episode.custom_data.get(TAG)
             if tag is None:
                 continue
+            self.skip(episode.custom_data.get(DROPPED))
             for env, ep in agent_units(episode, int(tag), self.agents):
                 t = ep.t_started
                 known = self.base.get(ep.id_)
@@ -604,6 +699,12 @@ class EpisodePositions:
                 else:
                     self.base[ep.id_] = (env, base)
         return out
+
+    def skip(self, dropped):
+        """Events of streams that a runner dropped ({stream: events}, ``DROPPED``): the next ones of each stream
+        stand past them."""
+        for env, n in (dropped or {}).items():
+            self.end[int(env)] = self.end.get(int(env), 0) + int(n)
 
     def resets(self, resets):
         """The offsets of the resets (env, episode) that no chunk brought (``pending_resets``); None for one

@@ -41,15 +41,29 @@ CI = {
 LONGER = {
     # Table I's RLlib row on RLlib's own path: OpenSpiel's tic_tac_toe through RLlib's OpenSpielEnv, the reward of
     # the player whose move ended the game made 0 in the connector pipeline on its way to the learner (the class
-    # of RLlib PR 31156), and the same game clean. In the long set: the clean control is not clean in about half
-    # the runs, because RLlib itself loses a player's steps on their way to the learner where a sample cut falls
-    # while that player waits for its turn (MultiAgentEpisode.cut, PR 44677; docs/FINDINGS.md), which compare
-    # reports (`env gave step, trainer received reset`). batch_mode complete_episodes gave other differences, at
-    # episode starts, not looked into yet
-    "openspiel-31156": {"env": "ma-openspiel", "modules": "own", "iterations": 1, "faults": [
-        {"env": 1, "agent": 0, "fault": "reward:ender", "place": "connector", "at": 5}]},
-    "openspiel": {"env": "ma-openspiel", "modules": "own", "iterations": 1},
-    # RLlib's PettingZooEnv over rps_v2's AEC env: the players move in turn
+    # of RLlib PR 31156), and the same game clean. Both with batch_mode="complete_episodes" and one env per
+    # runner, where RLlib 2.60 loses nothing on the way, so that the clean control is clean in every run: no
+    # sample is cut (MultiAgentEnvRunner cuts only when it samples timesteps), so no player's step can span a
+    # cut (RLlib's default truncate_episodes loses such steps, MultiAgentEpisode.cut, PR 44677: the control was
+    # not clean in about half the runs there), and each sample() ends at the step where its one env's game ends,
+    # so that no game is under way when the next sample() resets the env (with two envs a runner drops the other
+    # env's game then: the "openspiel-complete" runs below; docs/FINDINGS.md)
+    "openspiel-31156": {"env": "ma-openspiel", "modules": "own", "iterations": 1, "batch_mode": "complete_episodes",
+                        "envs": 1, "faults": [
+                            {"env": 1, "agent": 0, "fault": "reward:ender", "place": "connector", "at": 5}]},
+    "openspiel": {"env": "ma-openspiel", "modules": "own", "iterations": 1, "batch_mode": "complete_episodes",
+                  "envs": 1},
+    # complete_episodes with two envs a runner: RLlib drops the game under way on one env when the other's ends
+    # the sample, and compare names the events that never reached a learner; on the learners and on the runners
+    "openspiel-complete": {"env": "ma-openspiel", "modules": "own", "iterations": 1,
+                           "batch_mode": "complete_episodes"},
+    "openspiel-complete-runner": {"env": "ma-openspiel", "modules": "own", "iterations": 1,
+                                  "batch_mode": "complete_episodes", "placement": "runner"},
+    # complete_episodes on games of one length, stepped together: both envs' episodes end at one step, none is
+    # dropped; every sample() reseeds the envs with the same seeds
+    "turns-complete": {"env": "ma-turns", "modules": "own", "iterations": 1, "batch_mode": "complete_episodes"},
+    # RLlib's PettingZooEnv over rps_v2's AEC env: the players move in turn (max_cycles truncates every game,
+    # which reaches the learner as a termination, as with rps-parallel)
     "rps-turns": {"env": "ma-rps-turns", "modules": "shared"},
     # the trainer side on each env runner (on_sample_end)
     "runner": {"env": "ma-turns", "modules": "shared", "placement": "runner"},
@@ -59,14 +73,14 @@ LONGER = {
     # last: ray.shutdown() alone
     "shutdown": {"env": "ma-turns", "modules": "shared", "end": "shutdown", "flush_interval": 0.2},
 }
-CLEAN = ["turns-own", "coming-going-2-learners"] + (["rps-turns", "runner"] if LONG else [])
+CLEAN = ["turns-own", "coming-going-2-learners"] + (["runner"] if LONG else [])
 
 
 def _specs(table, base):
     """Copies of ``table``'s specs, their paths (and the faults' records) under ``base`` (a pathlib.Path)."""
     specs = {}
     for name, spec in table.items():
-        spec = dict(spec, path=str(base / name), runners=2, envs=2, batch=200)
+        spec = dict(dict(runners=2, envs=2, batch=200), **spec, path=str(base / name))
         spec.setdefault("iterations", 2)
         if "faults" in spec:
             spec["faults"] = [dict(f, record=str(base / ("fault-%d.json" % k))) for k, f in enumerate(spec["faults"])]
@@ -135,11 +149,13 @@ def test_agents_that_leave_and_join_have_their_streams_end_and_start_where_they_
         assert k1[:5] == [0, 1, 1, 1, 0], k1
 
 
-def test_rllib_tells_the_trainer_a_time_limit_of_every_agent_is_a_termination_and_compare_names_it(runs):
-    # ParallelPettingZooEnv at rps_v2's max_cycles: every agent truncated. RLlib's MultiAgentEpisode (Ray 2.60)
-    # declares an episode whose agents are all done terminated, and the learner gets terminated=True,
-    # truncated=False: no bootstrap at the time limit (docs/FINDINGS.md). compare names each agent there.
-    spec, _ = runs["rps-parallel"]
+@pytest.mark.parametrize("name", ["rps-parallel"] + (["rps-turns"] if LONG else []))
+def test_rllib_tells_the_trainer_a_time_limit_of_every_agent_is_a_termination_and_compare_names_it(runs, name):
+    # ParallelPettingZooEnv (and, in the long set, PettingZooEnv, turn-based) at rps_v2's max_cycles: every agent
+    # truncated. RLlib's MultiAgentEpisode (Ray 2.60) declares an episode whose agents are all done terminated,
+    # and the learner gets terminated=True, truncated=False: no bootstrap at the time limit (docs/FINDINGS.md).
+    # compare names each agent there.
+    spec, _ = runs[name]
     d = spec["path"]
     report = compare(d, d)
     assert not report.ok
@@ -192,9 +208,96 @@ if LONG:
     def test_rllib_31156_clean_control_the_same_game_compares_clean(runs):
         spec, _ = runs["openspiel"]
         with read(spec["path"]) as ledger:
-            assert sorted(ledger.streams) == list(range(8))  # 4 envs x 2 players
+            assert sorted(ledger.streams) == list(range(4))  # 2 envs (one a runner) x 2 players
+        report = compare(spec["path"], spec["path"])
+        assert report.ok and sorted(report.envs) == list(range(4)), str(report)
+        assert agent_steps(spec["path"], ["trainer.npz"]) > 100  # every player's step of every game, once
+
+    @pytest.mark.parametrize("name", ["openspiel-complete", "openspiel-complete-runner"])
+    def test_rllib_complete_episodes_drops_the_game_under_way_on_another_env_and_compare_names_its_events(runs,
+                                                                                                          name):
+        # docs/FINDINGS.md: with batch_mode="complete_episodes" RLlib 2.60's sample() samples num_envs episodes and
+        # resets every env of the runner first, which deletes the episodes under way (EnvRunner.
+        # _reset_envs_and_episodes): a game that another env's end left unfinished never reaches a learner. The
+        # trainer side records where its events stand in each env stream (the runner counts what it dropped), so
+        # that every event the trainer has is the env's at its place, and compare names each run of events in
+        # none as having never reached a learner, the differences they make following them
+        spec, _ = runs[name]
+        d = spec["path"]
+        placed, gaps, tails = _placed(d)
+        assert placed > 0
+        assert gaps, "no game was dropped in this run"
+        report = compare(d, d)
+        assert not report.ok
+        text = str(report)
+        with read(d) as ledger:
+            kinds = {i: s.columns["kind"][:] for i, s in ledger.streams.items()}
+        for stream, runs_of in gaps.items():
+            for first, last in runs_of:
+                # the dropped events are a game from its reset on, and the env was reset again after them
+                assert kinds[stream][first] == 0 and kinds[stream][last + 1] == 0, (stream, first, last)
+                assert re.search(r"^env %d: its events %d to %d are in no trainer file \(.*\): they never reached a "
+                                 r"learner$" % (stream, first, last), text, re.M), (stream, first, last, text)
+        for diff in report.differences:
+            if diff.env in gaps:
+                assert diff.event >= gaps[diff.env][0][0], (str(report), gaps)
+            else:  # a game under way at the run's end (RLlib would drop it at the next sample())
+                assert diff.what == "length" and diff.env in tails, (str(report), tails)
+        assert set(gaps) <= {diff.env for diff in report.differences}, str(report)
+
+    def test_rllib_complete_episodes_reseeds_every_env_alike_at_each_sample(runs):
+        # docs/FINDINGS.md: sample() in complete_episodes sets _needs_initial_reset again, so each call resets
+        # the envs with the runner's seed: ma-turns, whose randomness comes from its seed, plays one game over and
+        # over on each env (compared clean: both sides agree). With truncate_episodes (turns-own) it does not
+        spec, _ = runs["turns-complete"]
         report = compare(spec["path"], spec["path"])
         assert report.ok and sorted(report.envs) == list(range(8)), str(report)
+        for name, alike in (("turns-complete", True), ("turns-own", False)):
+            with read(runs[name][0]["path"]) as ledger:
+                for s in ledger.streams.values():
+                    episode, obs = s.columns["episode"][:], s.columns["h_obs"][:]
+                    games = {tuple(obs[episode == k].tolist()) for k in sorted(set(episode.tolist()))}
+                    assert len(set(episode.tolist())) > 2 and (len(games) == 1) == alike, (name, s.index, games)
+
+
+def _placed(d):
+    """Where each trainer file's events stand in their env streams (their fragments): checks that each is the env's
+    event at its place (every recorded field) and returns (events placed, {stream: [(first, last), ...] runs of
+    env events that no trainer file holds, before the last one placed}, {stream: first event of those after it}).
+    """
+    from stepledger.report.read import fragments_of
+    cols = ("kind", "h_obs", "h_act", "h_rew", "terminated", "truncated")
+    held, placed = {}, 0
+    with read(d) as envs:
+        for path in sorted(glob.glob(os.path.join(d, "trainer*.npz"))):
+            with read(path) as trainer:
+                for idx, t in trainer.streams.items():
+                    n = len(t.columns["kind"][:])
+                    if not n:  # kept for the indices of recreated runners, or another runner's env
+                        continue
+                    e = envs.streams[idx]
+                    pairs = fragments_of(os.path.basename(path), t) or [(0, 0)]
+                    for k, (offset, row) in enumerate(pairs):
+                        stop = pairs[k + 1][1] if k + 1 < len(pairs) else n
+                        for c in cols:
+                            a, b = e.columns[c][offset:offset + stop - row], t.columns[c][row:stop]
+                            assert len(a) == len(b) and (a == b).all(), (path, idx, c, offset, row)
+                        held.setdefault(idx, set()).update(range(offset, offset + stop - row))
+                        placed += stop - row
+        gaps, tails = {}, {}
+        for idx, e in envs.streams.items():
+            have = held.get(idx, set())
+            end = max(have) + 1 if have else 0
+            if end < len(e.columns["kind"][:]):
+                tails[idx] = end
+            missing = [i for i in range(end) if i not in have]
+            for i in missing:
+                runs_of = gaps.setdefault(idx, [])
+                if runs_of and runs_of[-1][1] == i - 1:
+                    runs_of[-1] = (runs_of[-1][0], i)
+                else:
+                    runs_of.append((i, i))
+    return placed, gaps, tails
 
 
 @pytest.mark.parametrize("name", ["turns-own", "coming-going-2-learners", "rps-parallel"])
@@ -337,3 +440,59 @@ def test_rllib_loses_the_last_steps_of_players_waiting_for_their_turn_where_a_sa
         steps = {a: sum(len(c.agent_episodes[a]) for c in (returned, going_on) if a in c.agent_episodes)
                  for a in (0, 1)}
         assert steps == {0: 4 - lost[0], 1: 3 - lost[1]}, (cut_before, steps)
+
+
+def test_the_games_a_runner_drops_are_counted_onto_the_next_game_of_their_env_it_returns():
+    # what _count_dropped makes of a runner's sample() calls in complete_episodes (two envs, real RLlib
+    # MultiAgentEpisodes, the runner's callbacks called as RLlib calls them): call 1 returns env 0's game and
+    # leaves env 1's under way (player 0's reset and 3 steps, player 1's reset and 2 steps); call 2 resets both envs
+    # (RLlib deletes the game under way) and returns a game of each: env 1's carries what was dropped before it, by
+    # stream (env 1 of agents 0 and 1: streams 2 and 3), and the driver places its events past them
+    from types import SimpleNamespace
+    import gymnasium as gym
+    import numpy as np
+    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+    from stepledger.rllib.instrument import (DROPPED, TAG, EpisodePositions, _count_dropped, _tag_episode,
+                                             pending_dropped)
+    space = gym.spaces.Dict({0: gym.spaces.Box(-1, 1, (1,)), 1: gym.spaces.Box(-1, 1, (1,))})
+    acts = gym.spaces.Dict({0: gym.spaces.Discrete(9), 1: gym.spaces.Discrete(9)})
+    runner = SimpleNamespace(config=SimpleNamespace(in_evaluation=False), _stepledger_agents=[0, 1],
+                             _stepledger_base=0, _ongoing_episodes=[None, None])
+
+    def new(i, moves=None):  # moves None: created, not reset yet (RLlib resets it with the env, later)
+        ep = MultiAgentEpisode(observation_space=space, action_space=acts)
+        runner._ongoing_episodes[i] = ep
+        _tag_episode(runner, ep, i)
+        if moves is not None:
+            ep.add_env_reset(observations={0: np.zeros(1, np.float32)}, infos={})
+        for t in range(moves or 0):
+            _move(ep, t)
+        return ep
+
+    game = new(0, 7)  # sample() 1: env 0's game ends it, env 1's is under way
+    going = new(1, 5)
+    after = new(0)  # RLlib's next episode of env 0, created at the game's end (reset at the next step)
+    runner._ongoing_episodes = [after, going]
+    _count_dropped(runner, [game])
+    assert DROPPED not in game.custom_data and pending_dropped(runner) == {}  # env 1's game may still go on
+    a, b = new(0, 7), new(1, 7)  # sample() 2: both envs reset first, then a game each
+    runner._ongoing_episodes = [new(0), new(1)]
+    _count_dropped(runner, [a, b])
+    assert DROPPED not in a.custom_data, a.custom_data  # `after`, never reset: env 0 lost nothing
+    assert b.custom_data[DROPPED] == {2: 1 + 2, 3: 1 + 2}, b.custom_data  # each player's reset and steps
+    assert pending_dropped(runner) == {}
+    positions = EpisodePositions([0, 1])
+    placed = positions.of([game, a, b])
+    assert placed[b.agent_episodes[0].id_] == (2, 3) and placed[b.agent_episodes[1].id_] == (3, 3), placed
+    assert placed[a.agent_episodes[0].id_] == (0, 5)  # after env 0's first game: player 0's reset and 4 steps
+    # a game just reset at the end of a sample() of timesteps, which cut() continues and RLlib does not return
+    # (no env step yet): not dropped, the chunk going on brings its reset
+    c = new(1, 0)
+    runner._ongoing_episodes = [runner._ongoing_episodes[0], c.cut(len_lookback_buffer=1)]
+    _count_dropped(runner, [])
+    assert pending_dropped(runner) == {}
+    assert runner._stepledger_carry[1] is runner._ongoing_episodes[1] and TAG in runner._ongoing_episodes[1].custom_data
+    # one reset and dropped with no step: its reset (player 0's first observation) is the event that never came
+    runner._ongoing_episodes = [runner._ongoing_episodes[0], new(1)]
+    _count_dropped(runner, [])
+    assert pending_dropped(runner) == {2: 1}
