@@ -79,6 +79,9 @@ class LedgerGymMixin:
     _stepledger_index: int
 
     def _make_specs(self, env, batch_size=None):
+        skip = getattr(self, "wrapper_frame_skip", 1)
+        if skip > 1:
+            raise ValueError(frame_skip_refused(type(self).__name__, skip))
         super()._make_specs(env, batch_size)  # type: ignore[misc]
         _index_spec(self.observation_spec)  # type: ignore[attr-defined]
 
@@ -102,6 +105,13 @@ class LedgerGymMixin:
         ledger.env.reset(seed=seed)  # as GymWrapper's reset(seed=...), beneath the ledger
         self._seed_calls_reset = True
         return None
+
+
+def frame_skip_refused(owner, skip):
+    """Why a ledgered TorchRL env refuses ``frame_skip``, in one line."""
+    return ("%s: frame_skip=%d repeats each action %d times outside the ledger (the env ledger would hold %d steps "
+            "for each step a batch brings): skip frames inside LedgerEnv instead, e.g. with Gymnasium's "
+            "MaxAndSkipObservation(env, skip=%d) in make_env" % (owner, skip, skip, skip, skip))
 
 
 def ledger_inside(env):

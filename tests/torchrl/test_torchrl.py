@@ -293,3 +293,17 @@ def test_an_interrupted_run_ends_as_docs_endings_says(tmp_path, vector, how):
     assert any("exited without close()" in n for n in report.notes), report.notes
     if how == "kill-worker":  # the killed worker's events, read from its mapped part (docs/ENDINGS.md)
         assert any("its process died, and every event it recorded is read" in n for n in report.notes), report.notes
+
+
+def test_frame_skip_outside_the_ledger_is_refused_in_one_line(tmp_path):
+    """GymWrapper's frame_skip repeats the action outside LedgerEnv: the env ledger would hold k steps for each
+    step a batch brings (TorchRL's own test_collector_env_reset builds GymEnv(..., frame_skip=4))."""
+    from stepledger import LedgerEnv
+    from stepledger.torchrl import LedgerGymWrapper
+
+    with pytest.raises(ValueError, match=r"^LedgerGymWrapper: frame_skip=4 repeats each action 4 times outside"):
+        LedgerGymWrapper(LedgerEnv(trl_envs.Make()(), str(tmp_path), index=0), 0, frame_skip=4)
+    env = LedgerGymWrapper(LedgerEnv(gym.wrappers.MaxAndSkipObservation(trl_envs.Make()(), skip=4), str(tmp_path),
+                                     index=1), 1)
+    env.rollout(3)
+    env.close()
