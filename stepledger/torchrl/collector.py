@@ -87,6 +87,12 @@ class LedgerCollector:
         if getattr(collector, "split_trajs", False):
             raise ValueError("LedgerCollector: split_trajs=True pads and regroups the batch by trajectory; the "
                              "ledger reads each env's rows in order: use split_trajs=False (the default)")
+        limit = getattr(collector, "max_frames_per_traj", 0) or 0
+        if limit > 0:
+            raise ValueError("LedgerCollector: max_frames_per_traj=%d ends episodes in the collector, outside the env "
+                             "ledger (the env never truncated them: each cut would read as a truncated difference); "
+                             "give the env its limit inside the ledger instead: gym.make(..., max_episode_steps=%d) "
+                             "in make_env" % (limit, limit))
         self.collector = collector
         self.ledger = TrainerLedger(path, num_envs, observation_space, action_space, reward_dtype=reward_dtype,
                                     flush_interval=flush_interval, owner="LedgerCollector")

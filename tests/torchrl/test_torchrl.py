@@ -254,6 +254,15 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
             LedgerCollector(coll, str(tmp_path / "trainer.npz"))
     finally:
         coll.shutdown()
+    for kind in ("single", "multisync"):  # the collector's own time limit: every cut would read as a difference
+        env = trl_envs.batched("serial", fns) if kind == "single" else [trl_envs.batched("serial", fns)] * 2
+        coll = trl_envs.collector(kind, env, 20, 20, max_frames_per_traj=10)
+        try:
+            with pytest.raises(ValueError, match=r"^LedgerCollector: max_frames_per_traj=10 ends episodes in the "
+                                                 r"collector.*max_episode_steps=10"):
+                LedgerCollector(coll, str(tmp_path / "trainer.npz"), fns)
+        finally:
+            coll.shutdown()
 
 
 def test_stepledger_check_trainer_torchrl_runs_the_fault_matrix(tmp_path):
