@@ -536,7 +536,8 @@ def withheld_obs(counts):
     total = sum(counts.values())
     envs = ", ".join(str(e) for e in sorted(counts))
     return ("%s the trainer never had, withheld by the library as it says it does (a final observation under "
-            "TorchRL's auto_reset or compact_obs, or the reset after a collector's last batch), in env%s %s: "
+            "TorchRL's auto_reset or compact_obs, the reset after a collector's last batch, or a reset cut short by "
+            "the next under reset_at_each_iter), in env%s %s: "
             "the env's were taken in their place, not a difference"
             % ("%d observation%s" % (total, "" if total == 1 else "s"), "s" if len(counts) > 1 else "", envs))
 

@@ -96,7 +96,8 @@ class LedgerCollector:
         self.collector = collector
         self.ledger = TrainerLedger(path, num_envs, observation_space, action_space, reward_dtype=reward_dtype,
                                     flush_interval=flush_interval, owner="LedgerCollector")
-        self._book = _Book(self.ledger, num_envs, observation_space, action_space, bool(withheld))
+        self._book = _Book(self.ledger, num_envs, observation_space, action_space, bool(withheld),
+                           bool(getattr(collector, "reset_at_each_iter", False)))
 
     def __getattr__(self, name):
         return getattr(self.__dict__["collector"], name)
@@ -160,9 +161,9 @@ class LedgerCollector:
 class _Book:
     """Each env's state between batches: whether its reset is recorded, and a step whose observation is due."""
 
-    def __init__(self, ledger, n, obs_space, act_space, withheld):
+    def __init__(self, ledger, n, obs_space, act_space, withheld, reset_each=False):
         import gymnasium as gym
-        self.ledger, self.n, self.force_withheld = ledger, n, withheld
+        self.ledger, self.n, self.force_withheld, self.reset_each = ledger, n, withheld, reset_each
         self.started = np.zeros(n, dtype=bool)
         self.reset_due = np.zeros(n, dtype=bool)  # the env's next row starts with a reset observation
         self.pending: list[Any] = [None] * n  # compact_obs: (action, reward, terminated, truncated) of a step awaiting its obs
@@ -201,6 +202,8 @@ class _Book:
     def _row(self, i, obs, next_obs, action, reward, term, trunc):
         ledger = self.ledger
         T = len(reward)
+        if self.reset_each:
+            self._reset_before_row(i)
         if self.pending[i] is not None:  # compact_obs: the last step of the env's previous row, its obs is obs[0]
             a, rw, te, tr = self.pending[i]
             self.pending[i] = None
@@ -239,6 +242,22 @@ class _Book:
                 else:
                     self.reset_due[i] = True
             start = stop
+
+    def _reset_before_row(self, i):
+        """``reset_at_each_iter``: the collector resets every env before each batch, so each row starts with a
+        reset the trainer gets (its root observation at t=0). What that reset cut short was never handed out: the
+        collector's own first reset, in its constructor (before the first batch), the reset after an episode
+        that ended with the last batch, and the observation of a compact_obs step awaiting it. Recorded as
+        withheld."""
+        ledger = self.ledger
+        if self.pending[i] is not None:
+            a, rw, te, tr = self.pending[i]
+            self.pending[i] = None
+            ledger.env_withheld(i, a, rw, te, tr)
+        if not self.started[i] or self.reset_due[i]:
+            ledger.env_reset_withheld(i)
+            self.started[i] = True
+        self.reset_due[i] = True
 
     def finish(self):
         """At the end, what no batch brought: a compact_obs step's observation, and the observation of a reset after an

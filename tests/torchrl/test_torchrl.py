@@ -56,6 +56,39 @@ def test_clean_runs_compare_clean_event_for_event(tmp_path, kind, vector):
         assert (led.meta["pid"] == os.getpid()) == (vector == "serial" and kind == "single")
 
 
+@pytest.mark.parametrize("kind", ["single", "multisync"])
+def test_reset_at_each_iter_compares_clean_and_still_locates_a_fault(tmp_path, kind):
+    """reset_at_each_iter=True: the collector resets every env before each batch (and once in its constructor),
+    cutting episodes short; the resets no batch brings are recorded as withheld, every batch's first observation
+    as a reset. A clean run compares clean (it reported an obs difference at every env's first event before),
+    and a float16 observation in the worker is still located."""
+    d = str(tmp_path / "clean")
+    trainer = trl_envs.run(kind, "serial", d, frames=40, total=120, reset_at_each_iter=True)
+    report = compare(d, trainer)
+    assert report.ok, str(report)
+    assert _events(d) == _events(trainer)
+    # per env: the constructor's reset, then 3 batches of 20 steps (10 for a worker's env, of 2 workers), each
+    # starting with a reset; 25-step episodes never end within one batch
+    steps = 20 if kind == "single" else 10
+    with read(trainer) as led:
+        for s in led.streams.values():
+            kinds = s.columns["kind"][:]
+            assert int((kinds == 0).sum()) == 4 and int((kinds == 1).sum()) == 3 * steps, kinds
+    assert all(n == 1 for n in _withheld(trainer).values()), _withheld(trainer)
+
+    d = str(tmp_path / "fault")
+    record = str(tmp_path / "fault.json")
+    make = trl_envs.Make()
+    fns = ledger_env_fns(make, 2, d, wrap=inject_in_worker("obs:f16", at=25, target=1, record=record))
+    c = LedgerCollector(trl_envs.collector("single", trl_envs.batched("serial", fns), 40, 120,
+                                           reset_at_each_iter=True), d + "/trainer.npz", fns)
+    list(c)
+    c.shutdown()
+    report = compare(d, c.ledger_path)
+    assert not report.ok and sorted(report.by_env()) == [1], str(report)
+    assert is_located(report.by_env()[1], read_record(record)), str(report)
+
+
 def test_multi_async_collector_runs_a_batch_ahead_and_compare_says_the_trainer_stopped_early(tmp_path):
     """MultiAsyncCollector's workers collect the next batch while the trainer reads one: at shutdown the batch
     in flight never reaches the trainer. Both sides agree as far as the trainer went."""
