@@ -14,8 +14,9 @@ LIBRARY = Library(
     options=(
         ("--torchrl-vector", dict(choices=("serial", "parallel"), default="parallel",
                                   help="with --trainer torchrl: TorchRL's SerialEnv or ParallelEnv")),
-        ("--torchrl-place", dict(choices=("worker",), default="worker",
-                                 help="with --trainer torchrl: inject each fault in the worker, outside LedgerEnv "
-                                      "(the env-side faults)")),
+        ("--torchrl-place", dict(choices=("worker", "batched"), default="worker",
+                                 help="with --trainer torchrl: worker: the env-side faults in the worker, outside "
+                                      "LedgerEnv, and the swaps between envs on the batched env (FaultyTransform); "
+                                      "batched: every trainer-side fault on the batched env")),
     ),
 )

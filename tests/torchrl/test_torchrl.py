@@ -349,3 +349,13 @@ def test_frame_skip_outside_the_ledger_is_refused_in_one_line(tmp_path):
                                      index=1), 1)
     env.rollout(3)
     env.close()
+
+
+def test_stepledger_check_trainer_torchrl_place_batched_runs_the_trainer_side_faults(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "stepledger", "check", "Pendulum-v1", "--trainer", "torchrl",
+                          "--torchrl-vector", "serial", "--torchrl-place", "batched", "--num-envs", "2",
+                          "--steps", "60", "--faults", "reward:zero,obs:swap"],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 of 2 exercised faults caught and located" in out.stdout, out.stdout
