@@ -102,7 +102,11 @@ def extensions():
     try:
         import numpy
         from Cython.Build import cythonize
-    except ImportError:
+    except ImportError as exc:  # pip's build has both (pyproject.toml); `python setup.py build_ext` may not
+        if os.environ.get("STEPLEDGER_REQUIRE_CORE"):
+            raise
+        sys.stderr.write("warning: the stepledger core was not compiled (%s: pyproject.toml's build requires "
+                         "numpy and Cython>=3); the pure-Python core will be used\n" % (exc,))
         return []
     write_layout()
     ext = Extension(
