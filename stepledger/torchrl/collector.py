@@ -87,6 +87,11 @@ class LedgerCollector:
         if getattr(collector, "split_trajs", False):
             raise ValueError("LedgerCollector: split_trajs=True pads and regroups the batch by trajectory; the "
                              "ledger reads each env's rows in order: use split_trajs=False (the default)")
+        if getattr(collector, "replay_buffer", None) is not None:
+            raise ValueError("LedgerCollector: this collector writes its batches into its replay_buffer and hands "
+                             "out none, so the trainer ledger would stay empty; build the collector without "
+                             "replay_buffer= and extend the buffer in the loop (rb.extend(batch)), after the "
+                             "ledger has the batch")
         limit = getattr(collector, "max_frames_per_traj", 0) or 0
         if limit > 0:
             raise ValueError("LedgerCollector: max_frames_per_traj=%d ends episodes in the collector, outside the env "

@@ -287,6 +287,15 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
             LedgerCollector(coll, str(tmp_path / "trainer.npz"))
     finally:
         coll.shutdown()
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    coll = trl_envs.collector("single", trl_envs.batched("serial", fns), 20, 20,
+                              replay_buffer=ReplayBuffer(storage=LazyTensorStorage(100)))
+    try:  # the batches go into the buffer, and the collector hands out None
+        with pytest.raises(ValueError, match=r"^LedgerCollector: this collector writes its batches into its "
+                                             r"replay_buffer and hands out none"):
+            LedgerCollector(coll, str(tmp_path / "trainer.npz"), fns)
+    finally:
+        coll.shutdown()
     for kind in ("single", "multisync"):  # the collector's own time limit: every cut would read as a difference
         env = trl_envs.batched("serial", fns) if kind == "single" else [trl_envs.batched("serial", fns)] * 2
         coll = trl_envs.collector(kind, env, 20, 20, max_frames_per_traj=10)
