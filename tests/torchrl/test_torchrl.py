@@ -346,18 +346,40 @@ def test_an_interrupted_run_ends_as_docs_endings_says(tmp_path, vector, how):
         assert any("its process died, and every event it recorded is read" in n for n in report.notes), report.notes
 
 
-def test_frame_skip_outside_the_ledger_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_frame_skip_outside_the_ledger_is_refused_and_repeat_action_inside_it_gives_the_same_values(tmp_path,
+                                                                                                     env_id):
     """GymWrapper's frame_skip repeats the action outside LedgerEnv: the env ledger would hold k steps for each
-    step a batch brings (TorchRL's own test_collector_env_reset builds GymEnv(..., frame_skip=4))."""
+    step a batch brings (TorchRL's own test_collector_env_reset builds GymEnv(..., frame_skip=4)). RepeatAction
+    does the same inside it: the same rollout, value for value (CartPole's episodes end within a repeat)."""
+    from torchrl.envs import GymWrapper
+
     from stepledger import LedgerEnv
+    from stepledger.gymnasium import RepeatAction
     from stepledger.torchrl import LedgerGymWrapper
 
-    with pytest.raises(ValueError, match=r"^LedgerGymWrapper: frame_skip=4 repeats each action 4 times outside"):
-        LedgerGymWrapper(LedgerEnv(trl_envs.Make()(), str(tmp_path), index=0), 0, frame_skip=4)
-    env = LedgerGymWrapper(LedgerEnv(gym.wrappers.MaxAndSkipObservation(trl_envs.Make()(), skip=4), str(tmp_path),
-                                     index=1), 1)
-    env.rollout(3)
-    env.close()
+    make = trl_envs.Make(env_id, limit=30)
+    with pytest.raises(ValueError, match=r"^LedgerGymWrapper: frame_skip=4 repeats each action 4 times outside.*"
+                                         r"RepeatAction\(env, 4\)"):
+        LedgerGymWrapper(LedgerEnv(make(), str(tmp_path / "refused"), index=0), 0, frame_skip=4)
+    with pytest.raises(ValueError, match="^RepeatAction: skip must be a positive int"):
+        RepeatAction(make(), 0)
+
+    def rollout(env):
+        env.set_seed(1)
+        torch.manual_seed(0)
+        out = env.rollout(40, break_when_any_done=False)
+        env.close()
+        return out
+
+    theirs = rollout(GymWrapper(make(), frame_skip=4))
+    d = str(tmp_path / "ledger")
+    ours = rollout(LedgerGymWrapper(LedgerEnv(RepeatAction(make(), 4), d, index=0), 0))
+    for key in ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
+                ("next", "truncated")):
+        assert torch.equal(theirs.get(key), ours.get(key)), key
+    if env_id == "CartPole-v1":  # episodes end within a repeat: the early stop is exercised
+        assert bool(theirs.get(("next", "done")).any())
 
 
 def test_stepledger_check_trainer_torchrl_place_batched_runs_the_trainer_side_faults(tmp_path):
