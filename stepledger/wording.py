@@ -1166,14 +1166,15 @@ def env_in_several_trainer_files(env, names, more=0):
             % (env, _and(names), " and so do %d more envs" % more if more else ""))
 
 
-def slices_do_not_tile(env, first, last, before, name, gap):
-    """Events ``first`` to ``last`` of one env's stream, which several trainer files hold in slices, are in
-    none of them (``gap``) or in two (read.stitch): ``before`` holds the slice before, ``name`` the next."""
+def slices_do_not_tile(env, first, last, before, name, gap, agents=None):
+    """Events ``first`` to ``last`` of one stream, which several trainer files hold in slices, are in none of
+    them (``gap``) or in two (read.stitch): ``before`` holds the slice before, ``name`` the next; the stream
+    named as every line names it (``stream_name``: with the agents of a multi-agent env ledger)."""
     if gap:
         where = "the slice before them is in %s" % before if before is not None else "no slice before them"
-        return ("env %d: its events %d to %d are in no trainer file (%s; the next, from event %d, is in %s): they "
-                "never reached a learner" % (env, first, last, where, last + 1, name))
-    return "env %d: %s" % (env, _twice(first, last, before, name))
+        return ("%s: its events %d to %d are in no trainer file (%s; the next, from event %d, is in %s): they "
+                "never reached a learner" % (stream_name(env, agents), first, last, where, last + 1, name))
+    return "%s: %s" % (stream_name(env, agents), _twice(first, last, before, name))
 
 
 def _twice(first, last, before, name):

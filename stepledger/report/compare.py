@@ -402,7 +402,7 @@ def compare_env(work: EnvWork, count_all: bool, meta: Meta) -> EnvOutcome:
     notes: list[str] = []
     hint = False
     if overlap is not None and 0 <= first < overlap[0]:
-        notes.append(wording.slices_do_not_tile(e, *overlap, False))  # a difference comes before it
+        notes.append(wording.slices_do_not_tile(e, *overlap, False, agents=_agents_of(es) if es else None))
         overlap = None
     if overlap is not None:
         # events two learners got: the stitched stream holds them once, in step with the env's
@@ -919,7 +919,7 @@ def read_trainer_side(trainer_files: TrainerSpec) -> tuple[MergedLedger, list[st
         for _, led in named:
             led.close()
         raise
-    return merged, passed + earlier + merged.lines
+    return merged, passed + earlier
 
 
 def compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool = False,
@@ -1062,6 +1062,9 @@ def _compare(env_dir: LedgerPath, trainer_file: TrainerSpec, count_all: bool,
             env_ledger.verify(differing)
             tr_ledger.verify(differing)
         tr_notes = [_ledger_note(name, led.meta, led.n_events()) for name, led in tr_ledger.named]
+        tr_lines += [wording.slices_do_not_tile(*gap, True, agents=_agents_of(env_ledger.streams[gap[0]])
+                                                if gap[0] in env_ledger.streams else None)
+                     for gap in tr_ledger.gaps]
         notes += tr_lines + [n for n in tr_notes if n] + _env_notes(
             env_ledger, env_dir if alone is None else os.path.dirname(os.fspath(env_dir)) or ".",
             [led.meta for _, led in tr_ledger.named])

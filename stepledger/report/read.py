@@ -1078,12 +1078,17 @@ def _rows_of(stream: Stream, start: int, stop: int) -> list[_Piece]:
 Overlap = tuple[int, int, Union[str, None], str]
 
 
-def stitch(idx: int, parts: list[tuple[str, Stream]]) -> tuple[Stream, list[str], Overlap | None]:
-    """One env's trainer stream from the slices of it that several trainer files hold: (Stream, lines, overlap).
+#: events of a stream that no trainer file holds: (stream, first event, last event, the file before or None, the
+#: file after), worded by compare (wording.slices_do_not_tile, with the env ledger's agents)
+Gap = tuple[int, int, int, Union[str, None], str]
+
+
+def stitch(idx: int, parts: list[tuple[str, Stream]]) -> tuple[Stream, list[Gap], Overlap | None]:
+    """One env's trainer stream from the slices of it that several trainer files hold: (Stream, gaps, overlap).
 
     ``parts`` is [(file name, Stream)], each stream with its fragments (``fragments_of``). The slices are
-    put in the order of their offsets. Where they leave a gap (events no file holds), a line names the env,
-    the files and the events; where every file holding the env was closed cleanly, the slices stay as the
+    put in the order of their offsets. Where they leave a gap (events no file holds), a ``Gap`` names the
+    stream, the files and the events; where every file holding the env was closed cleanly, the slices stay as the
     learners had them, so compare reports the difference that makes at its event; where one was not (a
     learner killed), the stream ends at the gap. Events that two files hold (an overlap) are kept once, from
     the slice that comes first, so that the stream stays in step with the env's; ``overlap`` is the first
@@ -1101,13 +1106,13 @@ def stitch(idx: int, parts: list[tuple[str, Stream]]) -> tuple[Stream, list[str]
     slices.sort(key=lambda x: (x[0], x[1]))
     closed = all(s.meta.get(S.META_STATE, S.STATE_CLOSED) == S.STATE_CLOSED for _, s in parts)
     pieces: list[_Piece] = []
-    lines: list[str] = []
+    gaps: list[Gap] = []
     at = 0
     before: str | None = None
     overlap: Overlap | None = None
     for offset, count, name, stream, row in slices:
         if offset > at:
-            lines.append(wording.slices_do_not_tile(idx, at, offset - 1, before, name, True))
+            gaps.append((idx, at, offset - 1, before, name))
             if not closed:
                 break
         skip = max(at - offset, 0)  # events already in the stream, from the slice before: kept once
@@ -1118,13 +1123,13 @@ def stitch(idx: int, parts: list[tuple[str, Stream]]) -> tuple[Stream, list[str]
             at, before = offset + count, name
     meta = next((s.meta for _, s in parts if s.meta.get(S.META_STATE, S.STATE_CLOSED) != S.STATE_CLOSED),
                 parts[0][1].meta)
-    return Stream(idx, pieces, meta), lines, overlap
+    return Stream(idx, pieces, meta), gaps, overlap
 
 
 class MergedLedger(Ledger):
     """Several trainer ledgers read as one: each stream from the file that holds it (``source[env]``), or
-    stitched from the slices several files hold (``stitch``; its lines in ``lines``, the first overlap of
-    each env's slices in ``overlaps[env]``)."""
+    stitched from the slices several files hold (``stitch``; the events no file holds in ``gaps``, the first
+    overlap of each env's slices in ``overlaps[env]``)."""
 
     def __init__(self, path: str, named: list[tuple[str, Ledger]]) -> None:
         first = named[0][1]
@@ -1139,14 +1144,14 @@ class MergedLedger(Ledger):
                     sliced.setdefault(idx, []).append((name, stream))
                 if idx not in streams or (len(stream) and not len(streams[idx])):
                     streams[idx], source[idx] = stream, name
-        self.lines: list[str] = []
+        self.gaps: list[Gap] = []
         self.overlaps: dict[int, Overlap] = {}
         # env -> the files holding its stream
         self.holders: dict[int, list[str]] = {idx: [name] for idx, name in source.items()}
         for idx, parts in sorted(sliced.items()):
-            streams[idx], lines, overlap = stitch(idx, parts)
+            streams[idx], gaps, overlap = stitch(idx, parts)
             source[idx], self.holders[idx] = parts[0][0], [name for name, _ in parts]
-            self.lines += lines
+            self.gaps += gaps
             if overlap is not None:
                 self.overlaps[idx] = overlap
         super().__init__(path, first.meta, dict(sorted(streams.items())), any(led.partial for _, led in named),

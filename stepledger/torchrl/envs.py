@@ -110,8 +110,9 @@ class LedgerGymMixin:
 def frame_skip_refused(owner, skip):
     """Why a ledgered TorchRL env refuses ``frame_skip``, in one line."""
     return ("%s: frame_skip=%d repeats each action %d times outside the ledger (the env ledger would hold %d steps "
-            "for each step a batch brings): repeat it inside LedgerEnv instead, with "
-            "stepledger.gymnasium.RepeatAction(env, %d) in make_env" % (owner, skip, skip, skip, skip))
+            "for each step a batch brings): repeat it inside LedgerEnv instead, with Gymnasium's "
+            "RepeatAction(env, num_repeats=%d) (gymnasium.wrappers, 1.3 and later) in make_env"
+            % (owner, skip, skip, skip, skip))
 
 
 def ledger_inside(env):
