@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray.rllib", reason="Ray RLlib is not installed here: tests/rllib/test_rllib_venv.py runs these "
                                         "tests in a venv of their own")
 
-from stepledger import compare, read  # noqa: E402
+from stepledger import compare, read, wording  # noqa: E402
 from stepledger.format import schema as S  # noqa: E402
 from rllib.test_rllib import env_indices, linked_by_run, noted_gone, run, trainer_files  # noqa: E402
 
@@ -232,12 +232,14 @@ if LONG:
         text = str(report)
         with read(d) as ledger:
             kinds = {i: s.columns["kind"][:] for i, s in ledger.streams.items()}
+            names = {i: wording.stream_name(i, s.meta[S.META_POSSIBLE_AGENTS]) for i, s in ledger.streams.items()}
         for stream, runs_of in gaps.items():
             for first, last in runs_of:
                 # the dropped events are a game from its reset on, and the env was reset again after them
                 assert kinds[stream][first] == 0 and kinds[stream][last + 1] == 0, (stream, first, last)
-                assert re.search(r"^env %d: its events %d to %d are in no trainer file \(.*\): they never reached a "
-                                 r"learner$" % (stream, first, last), text, re.M), (stream, first, last, text)
+                # named as every line names a stream: env e, agent a
+                assert re.search(r"^%s: its events %d to %d are in no trainer file \(.*\): they never reached a "
+                                 r"learner$" % (re.escape(names[stream]), first, last), text, re.M), (stream, text)
         for diff in report.differences:
             if diff.env in gaps:
                 assert diff.event >= gaps[diff.env][0][0], (str(report), gaps)
