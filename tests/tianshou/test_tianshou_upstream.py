@@ -52,7 +52,8 @@ def _upstream_tests(tmp):
 def _run_suite(tests, mode, out):
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, STEPLEDGER_UPSTREAM_MODE=mode, STEPLEDGER_UPSTREAM_OUT=out,
-               PYTHONPATH=os.pathsep.join([tests, ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([tests, ROOT, HERE, os.path.dirname(HERE),
+                                           os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "ts_upstream_plugin", "-p", "no:cacheprovider",
            "-p", "no:randomly", "-k", DESELECT, "--rootdir", tests] + [os.path.join(tests, f) for f in FILES]
     done = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True, timeout=1200)

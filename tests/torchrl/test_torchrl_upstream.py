@@ -93,7 +93,7 @@ def _run_suite(tests, mode, out):
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, STEPLEDGER_UPSTREAM_MODE=mode, STEPLEDGER_UPSTREAM_OUT=out, RL_WARNINGS="0",
                PYTHONPATH=os.pathsep.join([os.path.join(HERE, "upstream_site"), tests, os.path.join(tests, "test"),
-                                           ROOT, HERE,
+                                           ROOT, HERE, os.path.dirname(HERE),
                                            os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "trl_upstream_plugin", "-p", "no:cacheprovider",
            "-p", "no:randomly", "-k", DESELECT, "--rootdir", tests]

@@ -27,12 +27,13 @@ import json
 import os
 
 import gymnasium as gym
+from upstream_outcomes import Outcomes  # tests/, on the inner pytest's path
 
 MODE = os.environ.get("STEPLEDGER_UPSTREAM_MODE", "bare")
 OUT = os.environ.get("STEPLEDGER_UPSTREAM_OUT", ".")
 _CURRENT = {"test": None}
 _COUNTER = itertools.count()
-_OUTCOMES = {}
+_OUTCOMES = Outcomes()
 _STATE = {"installed": False, "next": None}  # next: (directory, index) for the GymEnv a factory is building
 _BOOKS = []  # the open trainer sides, closed at the end of their test
 
@@ -262,17 +263,8 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_runtest_logreport(report):
-    before = _OUTCOMES.get(report.nodeid)
-    if report.failed:
-        outcome = "failed"
-    elif report.skipped:
-        outcome = "skipped" if before is None else before
-    else:
-        outcome = before or "passed"
-    if before != "failed":
-        _OUTCOMES[report.nodeid] = outcome
+    _OUTCOMES.add(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    with open(os.path.join(OUT, "outcomes.json"), "w") as f:
-        json.dump(_OUTCOMES, f, indent=1, sort_keys=True)
+    _OUTCOMES.write(OUT)
