@@ -53,10 +53,15 @@ def compile_side_by_side(compiler):
     compiler.compile = compile
 
 
+MISSING: list = []  # why extensions() made no extension (numpy or Cython missing): build_ext says so
+
+
 class OptionalBuildExt(build_ext):
     """Build the core if possible; warn and fall back to pure Python if not."""
 
     def run(self):
+        if MISSING:  # a build of the core asked for, with nothing to build it with
+            self._warn(RuntimeError(MISSING[0]))
         try:
             super().run()
         except Exception as exc:  # no compiler, no Cython, no headers
@@ -103,10 +108,9 @@ def extensions():
         import numpy
         from Cython.Build import cythonize
     except ImportError as exc:  # pip's build has both (pyproject.toml); `python setup.py build_ext` may not
-        if os.environ.get("STEPLEDGER_REQUIRE_CORE"):
-            raise
-        sys.stderr.write("warning: the stepledger core was not compiled (%s: pyproject.toml's build requires "
-                         "numpy and Cython>=3); the pure-Python core will be used\n" % (exc,))
+        MISSING.append("%s: pyproject.toml's build requires numpy and Cython>=3" % (exc,))
+        sys.stderr.write("warning: the stepledger core will not be compiled (%s); the pure-Python core will be "
+                         "used\n" % MISSING[-1])
         return []
     write_layout()
     ext = Extension(
