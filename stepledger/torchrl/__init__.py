@@ -9,9 +9,9 @@
 
 One folder holds the library's support: ``envs`` and ``collector`` (the two sides), ``faults``
 (``inject_in_worker`` in the workers, ``FaultyTransform`` on the batched env), ``check`` (``check_collector``,
-``stepledger check --trainer torchrl``), ``library`` (its line in ``stepledger.libraries``). Needs the ``[torchrl]`` extra; the names are
-imported on first use, so that importing this package does not import TorchRL. docs/TORCHRL.md has the whole
-story.
+``stepledger check --trainer torchrl``), ``library`` (its line in ``stepledger.libraries``). Needs the
+``[torchrl]`` extra; the names are imported on first use, so that importing this package does not import
+TorchRL. docs/TORCHRL.md has the whole story.
 """
 
 from typing import TYPE_CHECKING
@@ -26,8 +26,8 @@ if TYPE_CHECKING:  # what an editor and a type checker see; at run time each nam
     from stepledger.torchrl.faults import ENV_SIDE_FAULTS, TRAINER_SIDE_FAULTS, FaultyTransform, inject_in_worker
 
 _NAMES = {
-    **dict.fromkeys(("INDEX_KEY", "LedgerEnvFn", "LedgerGymMixin", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns",
-                     "ledger_inside"), "envs"),
+    **dict.fromkeys(("INDEX_KEY", "LedgerEnvFn", "LedgerGymMixin", "LedgerGymWrapper", "LedgerIndex",
+                     "ledger_env_fns", "ledger_inside"), "envs"),
     **dict.fromkeys(("LedgerCollector", "spaces_of"), "collector"),
     **dict.fromkeys(("ENV_SIDE_FAULTS", "TRAINER_SIDE_FAULTS", "FaultyTransform", "inject_in_worker"), "faults"),
     **dict.fromkeys(("check_collector",), "check"),

@@ -23,6 +23,7 @@ from torchrl.data import Composite, Unbounded
 from torchrl.envs import GymWrapper, Transform
 
 from stepledger.gymnasium.env import LedgerEnv
+from stepledger.recording.placement import find_in_chain
 
 __all__ = ["INDEX_KEY", "LedgerEnvFn", "LedgerGymMixin", "LedgerGymWrapper", "LedgerIndex", "ledger_env_fns",
            "ledger_inside"]
@@ -117,11 +118,7 @@ def frame_skip_refused(owner, skip):
 
 def ledger_inside(env):
     """The ``LedgerEnv`` in a Gymnasium env's chain of wrappers (outermost first), or None."""
-    while env is not None:
-        if isinstance(env, LedgerEnv):
-            return env
-        env = getattr(env, "env", None)
-    return None
+    return find_in_chain(env, LedgerEnv)
 
 
 class LedgerGymWrapper(LedgerGymMixin, GymWrapper):
